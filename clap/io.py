@@ -1,0 +1,178 @@
+"""The only module that writes files: atomic writes, stable JSON, deterministic parquet, hashes.
+
+Every writer goes through a temporary file (or folder) in the destination's directory and
+``os.replace``: a stage killed at any point leaves either the old file or nothing, never a
+half-written file at a final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from clap.errors import ClapError
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def dumps_json(obj: Any) -> str:
+    """Stable JSON: sorted keys, 2-space indent, trailing newline; NaN/inf are refused."""
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+
+
+def _json_default(o: Any):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        if not math.isfinite(float(o)):
+            raise ValueError(f"non-finite number {o!r} cannot be written to JSON")
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    atomic_write_text(path, dumps_json(obj))
+
+
+def read_json(path: Path | str) -> Any:
+    """Read JSON; a missing or corrupt file is a loud ClapError, never an empty result."""
+    path = Path(path)
+    if not path.exists():
+        raise ClapError("required JSON file is missing", file=path, rule="missing_file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ClapError(f"file is not valid JSON: {e}", file=path, rule="corrupt_json") from e
+
+
+def write_jsonl(path: Path | str, rows: list[dict]) -> None:
+    text = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n" for r in rows)
+    atomic_write_text(path, text)
+
+
+def write_parquet(path: Path | str, df: pd.DataFrame) -> None:
+    """Deterministic parquet: no pandas index, fixed compression, no created-by variance beyond pins."""
+    table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", compression_level=3, write_statistics=False, store_schema=True)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def read_parquet(path: Path | str) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise ClapError("required data file is missing (did the previous stage run?)", file=path, rule="missing_file")
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise ClapError(f"cannot read parquet: {e}", file=path, rule="corrupt_parquet") from e
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces ``path`` in one rename.
+
+    On any exception the temporary folder is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    path = Path(path)
+    if not path.exists():
+        raise ClapError("cannot hash a missing file", file=path, rule="missing_file")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_dir(path: Path | str) -> str:
+    """Hash of a folder: sha256 over sorted (relative path, file sha256) lines."""
+    path = Path(path)
+    lines = [f"{p.relative_to(path).as_posix()}\t{sha256_file(p)}\n" for p in sorted(path.rglob("*")) if p.is_file()]
+    return sha256_bytes("".join(lines).encode())
+
+
+def logical_hash(df: pd.DataFrame) -> str:
+    """Content hash independent of parquet bytes: columns sorted by name, rows canonicalized and sorted.
+
+    A pandas/pyarrow upgrade that changes file bytes but not content keeps this hash.
+    """
+    cols = sorted(df.columns)
+    rows = sorted(json.dumps([_canon(v) for v in rec], ensure_ascii=False, default=str) for rec in df[cols].itertuples(index=False, name=None))
+    return sha256_bytes(("\t".join(cols) + "\n" + "\n".join(rows)).encode("utf-8"))
+
+
+def _canon(v: Any) -> Any:
+    import numpy as np
+
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return repr(float(v))
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return [_canon(x) for x in v]
+    if pd.isna(v) if not isinstance(v, (str, bytes, dict)) else False:
+        return None
+    return v

@@ -1,0 +1,58 @@
+"""The one prompt builder: training, eval, replay and serving all build prompts here.
+
+A model answers with one JSON object whose keys are ANSWER_FIELDS, in that order. The
+same ``format_answer`` renders SFT completions and GRPO references, so what the model is
+trained to emit is exactly what the parser in ``clap.scoring`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Iterable, Mapping, Sequence
+
+ANSWER_FIELDS: tuple[str, ...] = ("metric", "value", "unit", "line", "shift", "date", "evidence")
+CORE_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date")
+
+SYSTEM_PROMPT = (
+    "You are a manufacturing operations assistant. Answer from the context only. "
+    'Reply with one JSON object with keys "metric", "value", "unit", "line", "shift", "date", "evidence"; '
+    "evidence is a verbatim quote from the context that contains the value."
+)
+NO_CONTEXT = "(no documents retrieved)"
+
+
+def format_context(docs: Iterable[tuple[str, str]]) -> str:
+    """Render (doc_id, text) pairs as the context block; an empty list renders NO_CONTEXT."""
+    lines = [f"[{doc_id}] {text.strip()}" for doc_id, text in docs]
+    return "\n".join(lines) if lines else NO_CONTEXT
+
+
+def build_messages(question: str, docs: Sequence[tuple[str, str]] | None) -> list[dict[str, str]]:
+    """Chat messages (system + user) for one question; ``docs=None`` or ``[]`` is the no-RAG condition."""
+    user = f"Context:\n{format_context(docs or [])}\n\nQuestion: {question.strip()}"
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def _num(v: float) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"answer value must be a finite number, got {v!r}")
+    return int(v) if float(v).is_integer() else round(float(v), 6)
+
+
+def format_answer(answer: Mapping[str, object]) -> str:
+    """Canonical JSON text of an answer (fixed key order, value as a number)."""
+    missing = [k for k in ANSWER_FIELDS if k not in answer]
+    if missing:
+        raise ValueError(f"answer is missing fields {missing}")
+    obj = {k: answer[k] for k in ANSWER_FIELDS}
+    obj["value"] = _num(obj["value"])  # type: ignore[arg-type]
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def build_example(question: str, docs: Sequence[tuple[str, str]] | None, answer: Mapping[str, object]) -> dict:
+    """A TRL conversational prompt/completion example (completion-only loss by default)."""
+    return {
+        "prompt": build_messages(question, docs),
+        "completion": [{"role": "assistant", "content": format_answer(answer)}],
+    }
