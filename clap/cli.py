@@ -1,0 +1,138 @@
+"""The ``clap`` command line: one small function per subcommand, registered in SUBCOMMANDS.
+
+To add a subcommand, write ``_<name>_args(parser)`` (declare its arguments) and
+``_<name>(args) -> int`` (do the work, importing what it needs inside, so ``clap --help``
+stays fast), then add one line to SUBCOMMANDS. A :class:`ClapError` becomes
+``error: <message>`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from clap.errors import ClapError
+
+
+def _demo_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("data/raw"), help="folder that receives <batch>/ (default: data/raw)")
+    p.add_argument("--batches", nargs="+", metavar="BATCH", help="batches to generate (default: all in params demo.batches)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+
+
+def _demo_data(args: argparse.Namespace) -> int:
+    from clap import demo
+
+    p = demo.load_params(args.params)
+    for folder in demo.generate(args.out, p, args.batches):
+        print(f"wrote {folder}")
+    return 0
+
+
+def _keygen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True, help="approver name (token issuer; public key releases/trusted_keys/<name>.pub)")
+    p.add_argument("--out", type=Path, default=Path("keys"), help="folder of the private key, git-ignored (default: keys/)")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from clap import release
+
+    priv, pub = release.keygen(Path.cwd(), args.name, args.out)
+    print(f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it: only committed keys are trusted)")
+    return 0
+
+
+def _approve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("batch")
+    p.add_argument("--key", type=Path, required=True, help="the approver's private key file")
+    p.add_argument("--ttl", type=int, help="token lifetime in seconds (default: params release.approval_ttl_s)")
+
+
+def _approve(args: argparse.Namespace) -> int:
+    import time
+
+    from clap import release
+
+    root = Path.cwd()
+    print(release.approve(root, args.batch, args.key, args.ttl, release.load_params(root), now=int(time.time())))
+    return 0
+
+
+def _release_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("batch")
+    p.add_argument("--token", required=True, help="the approval token from `clap approve` ('-' reads it from stdin)")
+
+
+def _release(args: argparse.Namespace) -> int:
+    from clap import release
+
+    root = Path.cwd()
+    token = sys.stdin.read() if args.token == "-" else args.token
+    event = release.release(root, args.batch, token, release.load_params(root))
+    if event["event"] == "hold":
+        print(f"held: {event['reason']} (release.cost.over_budget is hold); production unchanged; commit {event['release_commit'][:12]}")
+        return 3
+    print(f"released {args.batch} ({event['pointer']['decision']}); commit {event['release_commit'][:12]}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from clap import release
+
+    event = release.rollback(Path.cwd())
+    print(f"rolled back {event['from_batch']} -> {event['to_batch']} (adapter {event['adapter_sha256'][:12]} restored by "
+          f"{event['adapter_restored_by']}); commit {event['release_commit'][:12]}")
+    return 0
+
+
+def _handoff_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("batch")
+    p.add_argument("--out", type=Path, help="output folder (default: releases/handoff/<batch>)")
+
+
+def _handoff(args: argparse.Namespace) -> int:
+    from clap import release
+
+    root = Path.cwd()
+    problems = release.handoff(root, args.batch, args.out, release.load_params(root))
+    for problem in problems:
+        print(f"invalid: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+# name -> (help, declare arguments, run)
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "demo-data": ("generate the deterministic demo raw batches (data/raw/<batch>/)", _demo_data_args, _demo_data),
+    "keygen": ("create an approver's Ed25519 key pair", _keygen_args, _keygen),
+    "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
+    "release": ("verify an approval and put the batch in production", _release_args, _release),
+    "rollback": ("return production to the previous release", lambda p: None, _rollback),
+    "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="clap", description="Governed post-training of domain agents.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, declare, run) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        declare(p)
+        p.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``clap`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""assetize: parse one raw batch into typed assets; every raw row lands in an asset or in rejects.
+
+usage: python stages/assetize.py data/raw/<b> data/assets/<b> metrics/assetize/<b>.json
+
+in:  data/raw/<b>/{mes_shift_reports.csv, quality_inspections.jsonl, maintenance_tickets.csv,
+     kb_documents.jsonl, question_log.jsonl}
+out: data/assets/<b>/{records,kb,sft,eval,replay,grpo,rejects}.parquet (written all at once),
+     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule, encodings)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import pandera.pandas as pa
+
+from clap import io, params
+from clap.assetize import AssetizeParams, assetize_batch, batch_metrics
+from clap.errors import ClapError
+from schemas.assets import SCHEMAS
+
+
+def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
+    started = time.perf_counter()
+    p = params.section("assetize", AssetizeParams)
+    result = assetize_batch(raw_dir, p)
+    frames = {name: _validate(name, df) for name, df in result.assets.items()}
+    metrics = batch_metrics(result)
+    if not metrics["conservation_ok"]:
+        raise ClapError("rows were lost between raw files and assets (conservation failed)", file=raw_dir,
+                        rule="conservation")
+    with io.atomic_dir(out_dir) as tmp:
+        for name, df in frames.items():
+            io.write_parquet(tmp / f"{name}.parquet", df)
+    metrics["seconds"] = round(time.perf_counter() - started, 3)
+    io.write_json(metrics_path, metrics)
+    return metrics
+
+
+def _validate(name: str, df):
+    try:
+        return SCHEMAS[name].validate(df, lazy=True)
+    except pa.errors.SchemaErrors as e:
+        cases = e.failure_cases[["column", "check"]].drop_duplicates().head(5).to_dict("records")
+        raise ClapError(f"asset {name} fails its schema: {cases}", file=f"{name}.parquet", rule="schema") from e
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("raw_dir", type=Path)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("metrics", type=Path)
+    args = ap.parse_args()
+    try:
+        m = run(args.raw_dir, args.out_dir, args.metrics)
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"assetize {args.raw_dir}: {m['rows_in']} rows -> {m['rows_assets']} assets + {m['rows_rejected']} rejects")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""stages/assetize.py end to end on a small generated batch (two subprocess runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from clap import demo
+from schemas.assets import SCHEMAS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stage(*args: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "stages/assetize.py", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_stage_writes_valid_assets_and_conserving_metrics(tmp_path):
+    p = dataclasses.replace(demo.load_params(ROOT / "params.yaml"), scale=0.15)
+    raw = demo.write_batch(tmp_path / "raw", "2026-04", demo.generate_batch("2026-04", p))
+    manifest = json.loads((raw / "MANIFEST.json").read_text())
+    out, metrics_path = tmp_path / "assets" / "2026-04", tmp_path / "metrics" / "2026-04.json"
+    done = stage(raw, out, metrics_path)
+    assert done.returncode == 0, done.stderr
+    m = json.loads(metrics_path.read_text())
+    assert all(isinstance(v, (int, float, str, bool)) for v in m.values())  # flat for DVC
+    assert m["conservation_ok"] is True and m["rows_in"] == sum(manifest["rows"].values())
+    assert m["maintenance_tickets.encoding"] == "cp1252"
+    noise = manifest["noise"]
+    assert min(noise[k] for k in ("duplicate_within_system", "malformed_missing_field", "malformed_broken_quoting")) > 0
+    assert m["rejected.duplicate_id"] == noise["duplicate_within_system"]
+    assert m["rejected.missing_field"] == noise["malformed_missing_field"]
+    assert m["rejected.bad_json"] + m["rejected.broken_quoting"] == noise["malformed_broken_quoting"]
+    assert sorted(f.name for f in out.iterdir()) == sorted(f"{a}.parquet" for a in SCHEMAS)
+    for name, model in SCHEMAS.items():
+        df = pd.read_parquet(out / f"{name}.parquet")
+        model.validate(df, lazy=True)
+        assert len(df) == m[f"assets.{name}"]
+
+
+def test_stage_error_is_one_line_and_keeps_previous_outputs(tmp_path):
+    raw = tmp_path / "raw" / "2026-01"
+    raw.mkdir(parents=True)
+    (raw / "notes.txt").write_text("not an export")
+    out, metrics_path = tmp_path / "assets" / "2026-01", tmp_path / "metrics.json"
+    out.mkdir(parents=True)
+    (out / "records.parquet").write_bytes(b"previous run")
+    done = stage(raw, out, metrics_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "unknown_file" in done.stderr and "Traceback" not in done.stderr
+    assert (out / "records.parquet").read_bytes() == b"previous run" and not metrics_path.exists()
