@@ -1,0 +1,207 @@
+"""A throw-away git + DVC repository with a miniature pipeline, for the release tests.
+
+The miniature pipeline has the real one's shape and paths: ``train@b`` writes
+``models/adapters/<b>`` (DVC-cached) and the admitted sets, ``eval@b`` depends on
+``releases/production.json`` and writes ``data/eval/<b>/items.parquet``, ``gate@b`` writes
+``metrics/gate/<b>.json`` and ``reports/gate/<b>/evidence.json`` (in git). Its stages are
+stdlib-only scripts, so ``dvc repro`` takes well under a second. Nothing here touches the
+real repository: every git/DVC call runs inside the temporary folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from clap import io
+from clap.release import keygen
+
+BATCHES = ("2026-01", "2026-02")
+ROOT = Path(__file__).resolve().parents[2]
+
+STAGE_SCRIPT = r'''
+import hashlib, json, shutil, sys
+from pathlib import Path
+
+stage, b = sys.argv[1], sys.argv[2]
+def write(path, text):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+if stage == "train":
+    seed = Path(f"src/{b}.seed").read_text()
+    out = Path(f"models/adapters/{b}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "adapter_model.safetensors").write_bytes(hashlib.sha256(seed.encode()).digest() * 64)
+    write(out / "adapter_config.json", json.dumps({"r": 4, "peft_type": "LORA"}))
+    for split in ("sft", "eval"):
+        Path(f"data/admitted/{b}").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f"src/{split}.parquet", f"data/admitted/{b}/{split}.parquet")
+    write(f"metrics/train/{b}.json", json.dumps({"trained": 1, "wall_s": 1800.0, "device": "cpu"}))
+elif stage == "eval":
+    pointer = Path("releases/production.json").read_bytes()
+    Path(f"data/eval/{b}").mkdir(parents=True, exist_ok=True)
+    # stands in for parquet: the release only hashes it; the incumbent changes its bytes
+    Path(f"data/eval/{b}/items.parquet").write_bytes(b"items of " + b.encode() + b" vs " + pointer)
+    write(f"metrics/eval/{b}.json", json.dumps({"candidate_pass_rate": 0.8, "base_pass_rate": 0.25, "n_items": 40, "wall_s": 600.0}))
+elif stage == "gate":
+    decision = Path(f"src/{b}.decision").read_text().strip()
+    sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    rule = "quality" if decision in ("hold", "reject") else ""
+    write(f"metrics/gate/{b}.json", json.dumps({"decision": decision, "decision_code": ["reject", "hold", "canary", "promote"].index(decision), "rule": rule}))
+    write(f"reports/gate/{b}/evidence.json", json.dumps({"decision": decision, "eval_items_sha256": sha(f"data/eval/{b}/items.parquet"),
+          "adapter_sha256": sha(f"models/adapters/{b}/adapter_model.safetensors"),
+          "reasons": [{"name": "quality", "cap": decision, "detail": "McNemar p=0.21 >= alpha 0.05"}]}))
+    write(f"reports/gate/{b}/report.md", f"# gate {b}: {decision}\n")
+'''
+
+RELEASE_PARAMS = {
+    "audience": "clap-release",
+    "approval_ttl_s": 600,
+    "max_approval_ttl_s": 3600,
+    "card": {"license": "apache-2.0", "tags": ["clap", "lora"], "packages": ["pandas", "pyarrow", "dvc", "pyjwt"]},
+    "cost": {"over_budget": "refuse", "budget_cpu_hours": 2.0, "budget_gpu_hours": 1.0, "stages": ["train", "eval"],
+             "wall_time_key": "wall_s", "device_key": "device"},
+}
+
+
+def _dvc_yaml(py: str) -> dict:
+    def stage(name: str, deps: list[str], outs: list, metrics: list | None = None, params: list | None = None) -> dict:
+        body = {"cmd": f"{py} stage.py {name} ${{item}}", "deps": ["stage.py", *deps], "outs": outs}
+        if metrics:
+            body["metrics"] = metrics
+        if params:
+            body["params"] = params
+        return {"foreach": list(BATCHES), "do": body}
+
+    nocache = {"cache": False}
+    return {"stages": {
+        "train": stage("train", ["src/${item}.seed", "src/sft.parquet", "src/eval.parquet"],
+                       ["models/adapters/${item}", "data/admitted/${item}"], [{"metrics/train/${item}.json": nocache}], ["train"]),
+        "eval": stage("eval", ["models/adapters/${item}", "releases/production.json"], ["data/eval/${item}"],
+                      [{"metrics/eval/${item}.json": nocache}]),
+        "gate": stage("gate", ["data/eval/${item}", "models/adapters/${item}", "src/${item}.decision"], [{"reports/gate/${item}": nocache}],
+                      [{"metrics/gate/${item}.json": nocache}]),
+    }}
+
+
+def run(cwd: Path, *cmd: str) -> str:
+    return subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def git(repo: Path, *args: str) -> str:
+    return run(repo, "git", *args)
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def repro(repo: Path) -> None:
+    """`dvc repro` in-process, then commit what it changed (as a PR merge would)."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(repo), Repo(str(repo)) as r:  # DVC resolves targets against the cwd
+        r.reproduce()
+    commit_all(repo, "repro")
+
+
+def build_template(base: Path) -> Path:
+    """Create ``base/repo`` (reproduced and committed, nothing released), ``base/keys/alice.key``, ``base/remote``."""
+    from dvc.repo import Repo
+
+    repo = base / "repo"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for k, v in {"user.email": "t@clap.invalid", "user.name": "clap test", "commit.gpgsign": "false"}.items():
+        git(repo, "config", k, v)
+    Repo.init(str(repo))
+    # copies, not links: a test that rewrites a workspace file must never reach the cache
+    (repo / ".dvc" / "config").write_text('[core]\n    analytics = false\n    remote = local\n[cache]\n    type = copy\n'
+                                          "['remote \"local\"']\n    url = ../../remote\n")
+    (repo / ".gitignore").write_text("*.key\n*.pem\nkeys/\n")
+    (repo / "stage.py").write_text(STAGE_SCRIPT)
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(sys.executable), sort_keys=False))
+    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"seed": 42, "lr": 1e-4}, "release": RELEASE_PARAMS}, sort_keys=False))
+    frame = pd.DataFrame({"item_id": ["a", "b"], "question": ["q1", "q2"], "value": [1.5, 2.0]})
+    io.write_parquet(repo / "src" / "sft.parquet", frame)
+    io.write_parquet(repo / "src" / "eval.parquet", frame.assign(value=[3.0, 4.5]))
+    for b in BATCHES:
+        io.atomic_write_text(repo / "src" / f"{b}.seed", f"seed {b}\n")
+        io.atomic_write_text(repo / "src" / f"{b}.decision", "promote\n")
+    io.write_json(repo / "metrics" / "base.json", {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "ab" * 32})
+    io.write_json(repo / "releases" / "production.json", {"batch": None})
+    (base / "remote").mkdir()
+    keygen(repo, "alice", base / "keys")
+    commit_all(repo, "init")
+    repro(repo)
+    return repo
+
+
+def copy_template(template_base: Path, dest_base: Path) -> Path:
+    """A private copy of the template (repo, keys, remote); returns the repo path."""
+    shutil.copytree(template_base, dest_base, symlinks=True, dirs_exist_ok=True)
+    return dest_base / "repo"
+
+
+def snapshot(repo: Path) -> dict:
+    """Bytes of every file under releases/, git HEAD and git status: equal before/after a refused action."""
+    files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted((repo / "releases").rglob("*")) if p.is_file()}
+    return {"files": files, "head": git(repo, "rev-parse", "HEAD"), "status": git(repo, "status", "--porcelain")}
+
+
+def set_decision(repo: Path, batch: str, decision: str) -> None:
+    """Change what the gate decides for ``batch`` and re-run the pipeline."""
+    io.atomic_write_text(repo / "src" / f"{batch}.decision", decision + "\n")
+    repro(repo)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+_TEMPLATE: list[Path] = []
+
+
+def template_base(tmp_path_factory) -> Path:
+    """The template's base folder, built once per test session."""
+    if not _TEMPLATE:
+        base = tmp_path_factory.mktemp("release_template")
+        build_template(base)
+        _TEMPLATE.append(base)
+    return _TEMPLATE[0]
+
+
+def clean_git_env(monkeypatch) -> None:
+    """Make sure no inherited GIT_* variable can point git at another repository."""
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_CEILING_DIRECTORIES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+
+
+def approve(repo: Path, batch: str, key: str = "alice") -> str:
+    import time
+
+    from clap import release as R
+
+    return R.approve(repo, batch, repo.parent / "keys" / f"{key}.key", None, R.load_params(repo), now=int(time.time()))
+
+
+def release_both(repo: Path) -> tuple[str, str]:
+    """Release the first batch, re-run the pipeline against it, release the second: returns both tokens."""
+    from clap import release as R
+
+    first, second = BATCHES
+    t1 = approve(repo, first)
+    R.release(repo, first, t1, R.load_params(repo))
+    repro(repo)  # production changed: eval/gate re-run against the new incumbent
+    t2 = approve(repo, second)
+    R.release(repo, second, t2, R.load_params(repo))
+    return t1, t2

@@ -1,0 +1,197 @@
+"""Release, hold and rollback in a throw-away git + DVC repository with a miniature pipeline."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+
+from clap import io
+from clap import release as R
+from clap.errors import ClapError
+from release_fixtures import (BATCHES, ROOT, approve, clean_git_env, copy_template, git, read_jsonl, release_both, repro,
+                              snapshot, template_base)
+
+X, Y = BATCHES
+
+
+@pytest.fixture
+def repo(tmp_path_factory, tmp_path, monkeypatch):
+    clean_git_env(monkeypatch)
+    return copy_template(template_base(tmp_path_factory), tmp_path)
+
+
+def refused(repo, fn, rule):
+    before = snapshot(repo)
+    with pytest.raises(ClapError) as err:
+        fn()
+    assert err.value.rule == rule, str(err.value)
+    assert snapshot(repo) == before
+    return str(err.value)
+
+
+def adapter_sha(repo, batch):
+    return io.sha256_file(repo / "models" / "adapters" / batch / "adapter_model.safetensors")
+
+
+def set_release_params(repo, **cost):
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["release"]["cost"].update(cost)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def test_release_commits_pointer_history_ledger_and_handoff(repo):
+    token = approve(repo, X)
+    event = R.release(repo, X, token, R.load_params(repo))
+    pointer = R.read_pointer(repo)
+    assert pointer == event["pointer"] and pointer["batch"] == X and pointer["adapter_sha256"] == adapter_sha(repo, X)
+    assert git(repo, "log", "-1", "--format=%s").strip() == f"release {X}: promote (approval {pointer['approval_id']})"
+    committed = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
+    assert committed == {"releases/production.json", "releases/history.jsonl", "releases/approvals_used.jsonl",
+                         f"releases/handoff/{X}/README.md", f"releases/handoff/{X}/manifest.json", f"releases/handoff/{X}/cost.json"}
+    assert [r["jti"] for r in read_jsonl(repo / "releases" / "approvals_used.jsonl")] == [pointer["approval_id"]]
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
+    t1, t2 = release_both(repo)
+    first = read_jsonl(repo / "releases" / "history.jsonl")[0]["pointer"]
+    shutil.rmtree(repo / "models" / "adapters" / X)  # e.g. a clone that only checked out what served
+    event = R.rollback(repo)
+    assert event["adapter_restored_by"] == "checkout"
+    assert R.read_pointer(repo) == first and adapter_sha(repo, X) == first["adapter_sha256"]
+    assert git(repo, "log", "-1", "--format=%s").strip().startswith(f"rollback {Y} -> {X}")
+    assert [e["event"] for e in read_jsonl(repo / "releases" / "history.jsonl")] == ["release", "release", "rollback"]
+    assert len(read_jsonl(repo / "releases" / "approvals_used.jsonl")) == 2  # the ledger keeps the rolled-back approval
+    refused(repo, lambda: R.release(repo, Y, t2, R.load_params(repo)), "replayed_token")
+    refused(repo, lambda: R.rollback(repo), "no_previous_release")
+
+
+def test_rollback_pulls_the_adapter_from_the_remote_when_the_cache_lacks_it(repo):
+    from dvc.repo import Repo
+
+    release_both(repo)
+    with Repo(str(repo)) as r:
+        r.push()
+    shutil.rmtree(repo / ".dvc" / "cache")
+    shutil.rmtree(repo / "models" / "adapters" / X)
+    event = R.rollback(repo)
+    assert event["adapter_restored_by"] == "pull" and adapter_sha(repo, X) == R.read_pointer(repo)["adapter_sha256"]
+
+
+def test_rollback_refused_when_the_adapter_is_in_neither_cache_nor_remote(repo):
+    release_both(repo)
+    shutil.rmtree(repo / ".dvc" / "cache")
+    shutil.rmtree(repo / "models" / "adapters" / X)
+    message = refused(repo, lambda: R.rollback(repo), "adapter_unavailable")
+    assert X in message and R.read_pointer(repo)["batch"] == Y
+
+
+def test_rollback_refused_without_a_previous_release(repo):
+    refused(repo, lambda: R.rollback(repo), "nothing_released")
+    R.release(repo, X, approve(repo, X), R.load_params(repo))
+    refused(repo, lambda: R.rollback(repo), "no_previous_release")
+
+
+def test_evaluation_against_an_older_incumbent_is_refused(repo):
+    token_y = approve(repo, Y)  # approved while nothing was in production
+    R.release(repo, X, approve(repo, X), R.load_params(repo))
+    message = refused(repo, lambda: R.release(repo, Y, token_y, R.load_params(repo)), "stale_evaluation")
+    assert "dvc repro" in message
+
+
+def test_uncommitted_evidence_is_refused(repo):
+    token = approve(repo, X)
+    with open(repo / "dvc.lock", "a") as f:
+        f.write("\n")
+    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "uncommitted")
+
+
+def test_adapter_replaced_after_the_gate_cannot_be_approved(repo):
+    weights = repo / "models" / "adapters" / X / "adapter_model.safetensors"
+    weights.unlink()
+    weights.write_bytes(b"retrained by hand, never evaluated")
+    with pytest.raises(ClapError) as err:
+        approve(repo, X)
+    assert err.value.rule == "evidence_mismatch" and "adapter_sha256" in str(err.value)
+
+
+def test_invalid_handoff_is_refused(repo):
+    token = approve(repo, X)
+    io.write_json(repo / "metrics" / "base.json", {"weights_sha256": "ab"})  # no source: the card has no base_model
+    assert "base_model" in refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff")
+
+
+def test_over_budget_is_refused_or_held_by_policy(repo):
+    token = approve(repo, X)
+    set_release_params(repo, budget_cpu_hours=0.1)
+    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "over_budget")
+    set_release_params(repo, over_budget="hold")
+    head = git(repo, "rev-parse", "HEAD")
+    event = R.release(repo, X, token, R.load_params(repo))
+    assert event["event"] == "hold" and R.read_pointer(repo)["batch"] is None
+    assert git(repo, "rev-parse", "HEAD^") == head and read_jsonl(repo / "releases" / "approvals_used.jsonl") == []
+    assert io.read_json(repo / "releases" / "handoff" / X / "cost.json")["status"] == "over"
+    set_release_params(repo, budget_cpu_hours=2.0, over_budget="refuse")
+    assert R.release(repo, X, token, R.load_params(repo))["event"] == "release"  # a hold does not consume the approval
+
+
+def test_a_failed_commit_changes_nothing(repo):
+    token = approve(repo, X)
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 1\n")
+    hook.chmod(0o755)
+    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "git_failed")
+
+
+def test_keygen_keeps_the_private_key_private(repo):
+    keys = repo.parent / "keys"
+    priv, pub = R.keygen(repo, "bob", keys)
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600 and pub == repo / "releases" / "trusted_keys" / "bob.pub"
+    assert b"PRIVATE" not in pub.read_bytes()
+    serialization.load_pem_public_key(pub.read_bytes())
+    with pytest.raises(ClapError, match="overwrite"):
+        R.keygen(repo, "bob", keys)
+    (repo / ".gitignore").write_text("")  # a repository that forgot to ignore private keys
+    with pytest.raises(ClapError) as err:
+        R.keygen(repo, "carol", repo / "secrets")
+    assert err.value.rule == "key_not_ignored" and not (repo / "secrets").exists()
+
+
+def test_real_repo_tracks_only_public_keys():
+    files = subprocess.run(["git", "ls-files", "releases/trusted_keys"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if name.endswith(".pub"):
+            serialization.load_pem_public_key((ROOT / name).read_bytes())  # raises on anything but a public key
+        else:
+            assert name.endswith(".gitkeep"), name
+    ignored = subprocess.run(["git", "check-ignore", "-q", "keys/approver.key"], cwd=ROOT)
+    assert ignored.returncode == 0, "keys/ must be git-ignored"
+
+
+def test_real_params_release_section_loads():
+    p = R.load_params(ROOT)
+    assert p.cost.over_budget in ("refuse", "hold") and 0 < p.approval_ttl_s <= p.max_approval_ttl_s
+
+
+def test_release_stack_pushes_releases_and_pops_rollbacks():
+    events = [{"event": "release", "pointer": {"batch": "a"}}, {"event": "hold", "batch": "b"},
+              {"event": "release", "pointer": {"batch": "c"}}, {"event": "rollback"}, {"event": "release", "pointer": {"batch": "d"}}]
+    assert [p["batch"] for p in R.release_stack(events)] == ["a", "d"]
+
+
+def test_cli_prints_the_token_and_refuses_with_exit_2(repo):
+    import sys
+
+    def clap(*args):
+        return subprocess.run([sys.executable, "-m", "clap.cli", *args], cwd=repo, capture_output=True, text=True)
+
+    approved = clap("approve", X, "--key", str(repo.parent / "keys" / "alice.key"))
+    assert approved.returncode == 0 and approved.stdout.count(".") == 2, approved.stderr
+    refusal = clap("release", Y, "--token", approved.stdout.strip())
+    assert refusal.returncode == 2 and refusal.stderr.startswith("error: ") and "wrong_batch" in refusal.stderr
+    assert "Traceback" not in refusal.stderr
