@@ -1,0 +1,49 @@
+"""Pandera models of data/admitted/<batch>/ (docs/data-contract.md, "Admitted").
+
+The admitted splits keep the normalized columns; :class:`AdmittedSet` is the
+dataframe-level zero-overlap check over all admitted splits together.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pandera.pandas as pa
+from pandera.typing import Series
+
+from schemas.normalized import NormalizedItems, NormalizedKB
+
+# sft and grpo are both drawn from the training pool and may share items; every other
+# pair of groups must be disjoint by item_id and by input hash.
+GROUP_OF_ROLE = {"sft": "train", "grpo": "train", "eval": "eval", "probe": "probe", "replay": "replay"}
+
+
+class AdmittedItems(NormalizedItems):
+    """sft/grpo/eval/probe/replay.parquet: admitted items (probe items keep split ``eval``)."""
+
+
+class AdmittedKB(NormalizedKB):
+    """kb.parquet: the normalized knowledge base, copied."""
+
+
+class AdmittedSet(pa.DataFrameModel):
+    """All admitted items, one row per (role, item): no ID or input shared across groups."""
+
+    role: Series[str] = pa.Field(isin=list(GROUP_OF_ROLE))
+    item_id: Series[str] = pa.Field(str_length={"min_value": 1})
+    input_hash: Series[str] = pa.Field(str_matches=r"^[0-9a-f]{64}$")
+
+    class Config:
+        strict = True
+        coerce = True
+
+    @pa.dataframe_check
+    def zero_overlap(cls, df: pd.DataFrame) -> Series[bool]:
+        group = df["role"].map(GROUP_OF_ROLE)
+        ok = pd.Series(True, index=df.index)
+        for key in ("item_id", "input_hash"):
+            ok &= group.groupby(df[key]).transform("nunique") == 1
+        return ok
+
+    @pa.dataframe_check
+    def unique_within_role(cls, df: pd.DataFrame) -> Series[bool]:
+        return ~df.duplicated(["role", "item_id"], keep=False) & ~df.duplicated(["role", "input_hash"], keep=False)

@@ -1,0 +1,68 @@
+"""admit: the pre-training gate for one batch, recomputed from the normalized data.
+
+usage: python stages/admit.py data/normalized/<b> data/admitted/<b> metrics/admit/<b>.json
+
+in:  data/normalized/<b>/{sft,grpo,eval,replay,kb}.parquet; params.yaml `admit`, `sizes`,
+     `normalize` (evidence vocabulary), `scoring` (the GRPO reward)
+out: data/admitted/<b>/{sft,grpo,eval,probe,replay,kb}.parquet and admission.json (verdict,
+     reasons, every check); flat metrics json (`admitted` 0/1). A batch that is not admitted
+     still gets every file: later stages read the verdict and refuse to train or promote it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clap import io, params
+from clap.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
+from clap.errors import ClapError
+from clap.normalize import NormalizeParams, build_vocab
+from clap.scoring import ScoringParams, reward
+from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
+from schemas.normalized import NormalizedItems, NormalizedKB, validate_frame
+
+USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON"
+POOLS = {"sft": NormalizedItems, "grpo": NormalizedItems, "eval": NormalizedItems, "replay": NormalizedItems, "kb": NormalizedKB}
+
+
+def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
+    """Admit one batch and write its folder and metrics; returns the admission record."""
+    started = time.perf_counter()
+    p = params.section("admit", AdmitParams)
+    sizes = params.section("sizes", SplitSizes)
+    vocab = build_vocab(params.section("normalize", NormalizeParams))
+    sp = params.section("scoring", ScoringParams)
+    pools = {name: validate_frame(model, io.read_parquet(src / f"{name}.parquet"), str(src / f"{name}.parquet")) for name, model in POOLS.items()}
+    result = admit_batch(pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name)
+    frames = {name: validate_frame(AdmittedKB if name == "kb" else AdmittedItems, df, str(out_dir / f"{name}.parquet")) for name, df in result.frames.items()}
+    if result.record["verdict"]:
+        # an admitted batch must be leak-free as a whole; a refused one is written as is, for inspection
+        validate_frame(AdmittedSet, admitted_set(frames), str(out_dir / "admission.json"))
+    with io.atomic_dir(out_dir) as tmp:
+        for name, df in frames.items():
+            io.write_parquet(tmp / f"{name}.parquet", df)
+        io.write_json(tmp / "admission.json", result.record)
+    io.write_json(metrics_path, {**result.metrics, "seconds": round(time.perf_counter() - started, 3)})
+    return result.record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        record = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    verdict = "admitted" if record["verdict"] else "NOT admitted"
+    print(f"admit {record['batch']}: {verdict}; {record['counts']}")
+    for reason in record["reasons"]:
+        print(f"  - {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

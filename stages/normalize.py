@@ -1,0 +1,54 @@
+"""normalize: canonical, verifiable, deduplicated, leak-free assets for one batch.
+
+usage: python stages/normalize.py data/assets/<b> data/normalized/<b> metrics/normalize/<b>.json
+
+in:  data/assets/<b>/{records,kb,sft,grpo,eval,replay}.parquet; params.yaml `normalize`
+out: data/normalized/<b>/{records,kb,sft,grpo,eval,replay,rejects}.parquet (every dropped or
+     repaired row is in rejects.parquet with its rule); flat counts per rule in the metrics json
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clap import io, params
+from clap.errors import ClapError
+from clap.normalize import NormalizeParams, load_assets, normalize_batch
+from schemas.normalized import SCHEMAS, validate_frame
+
+USAGE = "usage: python stages/normalize.py ASSETS_DIR OUT_DIR METRICS_JSON"
+
+
+def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
+    """Normalize one batch and write its folder and metrics; returns the metrics."""
+    started = time.perf_counter()
+    p = params.section("normalize", NormalizeParams)
+    result = normalize_batch(load_assets(assets_dir), p)
+    frames = {**result.frames, "rejects": result.rejects}
+    checked = {name: validate_frame(SCHEMAS[name], df, str(out_dir / f"{name}.parquet")) for name, df in frames.items()}
+    with io.atomic_dir(out_dir) as tmp:
+        for name, df in checked.items():
+            io.write_parquet(tmp / f"{name}.parquet", df)
+    metrics = {**result.metrics, "seconds": round(time.perf_counter() - started, 3)}
+    io.write_json(metrics_path, metrics)
+    return metrics
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        metrics = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kept = {k[: -len("_rows_out")]: v for k, v in metrics.items() if k.endswith("_rows_out")}
+    print(f"normalize: kept {kept}; rejected {metrics['total_rejected']}, repaired {metrics['total_repaired']}, deduplicated {metrics['total_deduplicated']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

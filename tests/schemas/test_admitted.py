@@ -1,0 +1,66 @@
+"""schemas.admitted: admitted splits keep the normalized rules; the admitted set has zero overlap."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from clap.errors import ClapError
+from clap.normalize import input_hash
+from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
+from schemas.normalized import validate_frame
+
+ROLES = ["sft", "grpo", "eval", "probe", "replay"]
+
+
+def admitted_set() -> pd.DataFrame:
+    ids = ["Q-1", "Q-1", "Q-2", "Q-3", "Q-4"]  # sft and grpo may share a training item
+    return pd.DataFrame({"role": ROLES, "item_id": ids, "input_hash": [input_hash(f"question {i}") for i in ids]})
+
+
+def test_good_admitted_set_passes():
+    assert len(validate_frame(AdmittedSet, admitted_set(), "admission.json")) == 5
+
+
+def _leak(role: str, to_role: str, column: str):
+    def mutate(df):
+        df.loc[df["role"] == role, column] = df.loc[df["role"] == to_role, column].iloc[0]
+        return df
+
+    return mutate
+
+
+BAD = [
+    (_leak("eval", "sft", "item_id"), "zero_overlap"),  # train/eval overlap by ID
+    (_leak("probe", "grpo", "input_hash"), "zero_overlap"),  # train/probe overlap by input
+    (_leak("probe", "eval", "item_id"), "zero_overlap"),  # the probe must not reuse eval items
+    (_leak("replay", "eval", "input_hash"), "zero_overlap"),
+    (lambda df: pd.concat([df, df.iloc[[2]].assign(input_hash=input_hash("x"))], ignore_index=True), "unique_within_role"),
+    (lambda df: df.assign(role=["sft", "grpo", "test", "probe", "replay"]), "isin"),
+    (lambda df: df.assign(input_hash="nothex"), "str_matches"),
+    (lambda df: df.drop(columns="input_hash"), "column_in_dataframe"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "check"), BAD, ids=[f"{c}-{i}" for i, (_, c) in enumerate(BAD)])
+def test_bad_admitted_set_fails(mutate, check):
+    with pytest.raises(ClapError) as e:
+        validate_frame(AdmittedSet, mutate(admitted_set()), "data/admitted/b/admission.json")
+    assert check in str(e.value)
+
+
+def test_admitted_items_and_kb_keep_the_normalized_rules():
+    question = "OEE L3 B?"
+    item = pd.DataFrame({
+        "item_id": ["Q-1"], "split": ["eval"], "question": [question], "question_type": ["terse"], "context_doc_ids": ['["KB-1"]'],
+        "metric": ["oee"], "value": [81.5], "unit": ["%"], "line": ["L3"], "shift": ["B"], "date": ["2026-03-14"],
+        "evidence": ["OEE was 81.5 %"], "evidence_doc_id": ["KB-1"], "source_system": ["mes"], "input_hash": [input_hash(question)],
+        "source_file": ["question_log.jsonl"], "source_line": [3],
+    })  # fmt: skip
+    validate_frame(AdmittedItems, item, "eval.parquet")
+    with pytest.raises(ClapError, match="str_matches"):
+        validate_frame(AdmittedItems, item.assign(line="Line 3"), "eval.parquet")
+    doc = pd.DataFrame({"doc_id": ["KB-1"], "system": ["mes"], "record_ref": ["SR-1"], "title": ["t"], "body": ["OEE was 81.5 %."], "line": ["L3"], "shift": ["B"], "date": ["2026-03-14"]})
+    validate_frame(AdmittedKB, doc, "kb.parquet")
+    with pytest.raises(ClapError, match="cleaned_text"):
+        validate_frame(AdmittedKB, doc.assign(body="OEE was 81.5 % "), "kb.parquet")

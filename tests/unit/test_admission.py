@@ -1,0 +1,224 @@
+"""clap.admission: seeded selection, static checks, GRPO reward check, label-shuffle canary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from clap import params
+from clap.admission import AdmitParams, SplitSizes, admit_batch, gold_answer, perturbed_answers, select, select_splits
+from clap.errors import ClapError
+from clap.normalize import NormalizeParams, build_vocab, input_hash
+from clap.prompt import format_answer
+from clap.scoring import ScoringParams, parse_answer, reward
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = build_vocab(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
+SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
+PERTURBATIONS = ["wrong_value", "wrong_metric", "wrong_line", "wrong_shift", "wrong_date", "other_doc_evidence", "unparseable"]
+P = AdmitParams(
+    seed=7, min_sizes=SplitSizes(sft=20, grpo=5, eval=10, probe=5, replay=5), max_metric_share=0.4, min_metrics=5,
+    min_line_coverage=1.0, min_shift_coverage=1.0, min_evidence_verifiable_rate=1.0, perturbations=PERTURBATIONS,
+    min_rank_pass_rate=1.0, min_reward_margin=0.15, min_reward_variance=0.0, min_label_shuffle_changed=0.5,
+)  # fmt: skip
+SIZES = SplitSizes(sft=30, grpo=8, eval=20, probe=10, replay=10)
+SENTENCES = {"scrap_rate": ("%", "Scrap rate was {v} %"), "oee": ("%", "OEE was {v} %"), "downtime": ("min", "Downtime was {v} minutes"),
+             "scrap_count": ("pcs", "{v} pcs were scrapped"), "cycle_time": ("s", "Cycle time averaged {v} seconds"), "defect_rate": ("ppm", "Defect rate was {v} ppm")}  # fmt: skip
+
+
+def real_reward(text, gold, ctx):
+    return reward(text, gold, ctx, SP)
+
+
+def make_pools(n_train: int = 60, n_eval: int = 40, n_replay: int = 15) -> dict[str, pd.DataFrame]:
+    """Clean normalized pools: one fact and one KB document per item, context = own doc + a distractor."""
+    n = n_train + n_eval + n_replay
+    kb, items = [], []
+    for k in range(n + 1):
+        metric = sorted(SENTENCES)[k % 6]
+        unit, sentence = SENTENCES[metric]
+        line, shift, date, value = f"L{k % 4 + 1}", "ABC"[k % 3], f"2026-03-{k % 28 + 1:02d}", round(10 + 1.7 * k, 1)
+        evidence = sentence.format(v=value)
+        kb.append({"doc_id": f"D{k:04d}", "system": "mes", "record_ref": f"SR-{k}", "title": f"Report {k}", "body": f"Report for line {line}, shift {shift}, {date}. {evidence}. No events.", "line": line, "shift": shift, "date": date})
+        if k == n:
+            break  # the last document is only a distractor
+        split = "train" if k < n_train else "eval" if k < n_train + n_eval else "replay"
+        question = f"What was the {metric} on {line}, shift {shift}, {date} (case {k})?"
+        ctx = [] if split == "replay" else [f"D{k:04d}", f"D{k + 1:04d}"][:: 1 if k % 2 else -1]
+        items.append({"item_id": f"Q{k:04d}", "split": split, "question": question, "question_type": "direct", "context_doc_ids": json.dumps(ctx),
+                      "metric": metric, "value": value, "unit": unit, "line": line, "shift": shift, "date": date, "evidence": evidence,
+                      "evidence_doc_id": f"D{k:04d}", "source_system": "mes", "input_hash": input_hash(question), "source_file": "question_log.jsonl", "source_line": k + 1})  # fmt: skip
+    df = pd.DataFrame(items)
+    pools = {name: df[df["split"] == split].reset_index(drop=True) for name, split in (("sft", "train"), ("eval", "eval"), ("replay", "replay"))}
+    return {**pools, "grpo": pools["sft"].copy(), "kb": pd.DataFrame(kb)}
+
+
+def admit(pools=None, sizes=SIZES, p=P, reward_fn=real_reward):
+    return admit_batch(pools or make_pools(), sizes, p, VOCAB, reward_fn, "test")
+
+
+def failed(result) -> set[str]:
+    return {c["name"] for c in result.record["checks"] if not c["passed"]}
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return admit()
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_selection_is_seeded_and_ignores_input_order():
+    pool = make_pools()["sft"]
+    a = select(pool, 10, np.random.default_rng(1))
+    b = select(pool.sample(frac=1.0, random_state=5), 10, np.random.default_rng(1))
+    c = select(pool, 10, np.random.default_rng(2))
+    assert list(a["item_id"]) == list(b["item_id"]) != list(c["item_id"])
+
+
+def test_probe_is_held_out_and_disjoint_from_eval_and_training():
+    pools = make_pools()
+    pools["sft"] = pd.concat([pools["sft"], pools["eval"].iloc[:5]])  # a leak the probe must avoid
+    out = select_splits(pools, SIZES, seed=3)
+    assert len(out["probe"]) == SIZES.probe
+    assert not set(out["probe"]["item_id"]) & (set(out["eval"]["item_id"]) | set(pools["sft"]["item_id"]))
+    assert set(out["probe"]["item_id"]) <= set(pools["eval"]["item_id"])
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def test_clean_batch_is_admitted(clean):
+    rec = clean.record
+    assert rec["verdict"] is True and rec["reasons"] == []
+    assert {k: len(v) for k, v in clean.frames.items()} == {"sft": 30, "grpo": 8, "eval": 20, "probe": 10, "replay": 10, "kb": 116}
+    assert clean.metrics["admitted"] == 1 and clean.metrics["n_reasons"] == 0
+    assert rec["grpo"]["rank_pass_rate"] == 1.0
+    assert 0.15 < rec["grpo"]["reward_margin"] < 1.0
+    json.dumps(rec, allow_nan=False)  # the record is plain JSON
+
+
+def test_admission_is_deterministic(clean):
+    assert admit().record == clean.record
+
+
+def test_overlap_blocks_admission():
+    pools = make_pools()
+    leak = pools["eval"].iloc[[0]].assign(item_id="Q-leak")  # same question text, another id
+    pools["sft"] = pd.concat([pools["sft"], leak], ignore_index=True)
+    res = admit(pools)
+    assert res.record["verdict"] is False and "pool_overlap" in failed(res)
+    assert any("sft__eval=1" in r for r in res.record["reasons"])
+
+
+def test_degenerate_labels_fail_the_canary():
+    pools = make_pools()
+    first = pools["sft"].iloc[0]
+    for col in ("metric", "value", "unit", "line", "shift", "date"):
+        pools["sft"][col] = first[col]
+    res = admit(pools)
+    assert res.record["canary"]["label_shuffle_changed"] == 0.0
+    assert "label_shuffle_changed" in failed(res) and res.record["verdict"] is False
+
+
+def test_dominant_metric_fails_balance():
+    pools = make_pools()
+    pools["sft"] = pd.concat([pools["sft"], *[pools["sft"][pools["sft"]["metric"] == "oee"].assign(item_id=lambda d, i=i: d["item_id"] + f"x{i}", input_hash=lambda d, i=i: d["input_hash"].str[:-4] + f"{i:04d}") for i in range(6)]], ignore_index=True)
+    res = admit(pools)
+    assert "max_metric_share" in failed(res) and res.record["verdict"] is False
+
+
+def test_short_split_warns_but_only_the_minimum_blocks():
+    pools = make_pools()
+    res = admit(pools, sizes=dataclasses.replace(SIZES, sft=80))
+    assert res.record["verdict"] is True and failed(res) == {"requested_sft"}
+    assert any(r.startswith("warning: requested_sft") for r in res.record["reasons"])
+    pools["replay"] = pools["replay"].iloc[:3]
+    res = admit(pools)
+    assert res.record["verdict"] is False and {"size_replay", "requested_replay"} <= failed(res)
+
+
+def test_empty_eval_pool_is_refused_not_crashed():
+    pools = make_pools()
+    pools["eval"] = pools["eval"].iloc[:0]
+    res = admit(pools)
+    assert res.record["verdict"] is False and {"size_eval", "size_probe"} <= failed(res)
+    assert len(res.frames["eval"]) == 0 and len(res.frames["probe"]) == 0
+
+
+def test_unverifiable_evidence_blocks():
+    pools = make_pools()
+    pools["sft"]["evidence"] = "No events"
+    pools["grpo"]["evidence"] = "No events"
+    res = admit(pools)
+    assert "evidence_verifiable_rate" in failed(res)
+
+
+# --------------------------------------------------------------------------- GRPO reward check
+
+
+def test_perturbations_each_break_their_own_field():
+    pools = make_pools()
+    row = pools["grpo"].iloc[3].to_dict()
+    bodies = dict(zip(pools["kb"]["doc_id"], pools["kb"]["body"]))
+    domain = {"metric": sorted(SENTENCES), "line": ["L1", "L2", "L3", "L4"], "shift": ["A", "B", "C"]}
+    out = perturbed_answers(row, PERTURBATIONS, domain, bodies, VOCAB)
+    gold = gold_answer(row)
+    assert not parse_answer(out.pop("unparseable")).ok
+    for name, text in out.items():
+        changed = {k for k, v in parse_answer(text).fields.items() if v != json.loads(format_answer(gold))[k]}
+        assert changed == {name.replace("wrong_", "").replace("other_doc_", "")}, name
+
+
+def test_reward_blind_to_fields_fails_rank_pass():
+    res = admit(reward_fn=lambda text, gold, ctx: float(parse_answer(text).ok))
+    assert res.record["grpo"]["rank_pass_rate"] == 0.0
+    assert {"rank_pass_rate", "reward_margin"} <= failed(res)
+
+
+def test_constant_reward_has_no_variance():
+    res = admit(reward_fn=lambda text, gold, ctx: 0.5)
+    assert res.record["grpo"]["reward_variance_min"] == 0.0 and "reward_variance_min" in failed(res)
+
+
+def test_unknown_perturbation_is_a_params_error():
+    with pytest.raises(ClapError) as e:
+        admit(p=dataclasses.replace(P, perturbations=["wrong_value", "wrong_colour"]))
+    assert e.value.rule == "bad_params" and "wrong_colour" in str(e.value)
+
+
+# --------------------------------------------------------------------------- canary and the corrupted batch
+
+
+def corrupt(pools: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The demo's 2026-03 corruption: answers rotated among train items of a metric, cited doc swapped into the context."""
+    sft = pools["sft"].copy()
+    answer = ["value", "evidence", "evidence_doc_id", "line", "shift", "date"]
+    for _, idx in sft.groupby("metric").groups.items():
+        idx = list(idx)
+        donors = sft.loc[idx[1:] + idx[:1], answer].to_numpy()
+        for i, donor in zip(idx, donors):
+            own = f"D{int(sft.at[i, 'item_id'][1:]):04d}"
+            sft.at[i, "context_doc_ids"] = json.dumps([donor[2] if d == own else d for d in json.loads(sft.at[i, "context_doc_ids"])])
+        sft.loc[idx, answer] = donors
+    return {**pools, "sft": sft, "grpo": sft.copy()}
+
+
+def test_corrupted_labels_pass_static_admission():
+    """The point of the paper: static checks passing is no proof of learnability."""
+    res = admit(corrupt(make_pools()))
+    assert res.record["verdict"] is True
+    assert res.record["grpo"]["rank_pass_rate"] == 1.0
+
+
+def test_evidence_in_context_is_recorded_as_a_diagnostic_only(clean):
+    canary = clean.record["canary"]
+    assert canary["evidence_in_context_rate_real"] == 1.0
+    assert canary["evidence_in_context_rate_shuffled"] < 0.2
+    assert not any(c["name"].startswith("evidence_in_context") for c in clean.record["checks"])
