@@ -1,0 +1,64 @@
+"""eval: base, candidate adapter and production incumbent on the same held-out items.
+
+usage: python stages/eval.py data/admitted/<b> models/base models/adapters/<b> releases/production.json data/eval/<b> metrics/eval/<b>.json
+
+in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if trained);
+     the incumbent adapter models/adapters/<pointer batch> (if releases/production.json names one,
+     sha256-verified); params.yaml `eval`, `scoring`
+out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
+     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clap import io, params
+from clap.errors import ClapError
+from clap.model import default_device
+from clap.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
+from clap.scoring import ScoringParams
+from schemas.eval import EvalItems, EvalTimings
+from schemas.normalized import validate_frame
+
+USAGE = "usage: python stages/eval.py ADMITTED_DIR BASE_DIR ADAPTER_DIR PRODUCTION_JSON OUT_DIR METRICS_JSON"
+
+
+def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path, metrics_path: Path) -> dict:
+    """Evaluate every model of one batch; write the eval folder and metrics; return the metrics."""
+    started = time.perf_counter()
+    ep, sp = params.section("eval", EvalParams), params.section("scoring", ScoringParams)
+    items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
+    incumbent = incumbent_spec(pointer, adapter.parent)
+    specs = model_specs(adapter, incumbent)
+    scored, timings = evaluate(specs, base, items, kb, ep, sp)
+    scored = validate_frame(EvalItems, scored, str(out_dir / "items.parquet"))
+    timings = validate_frame(EvalTimings, timings, str(out_dir / "timings.parquet"))
+    with io.atomic_dir(out_dir) as tmp:
+        io.write_parquet(tmp / "items.parquet", scored)
+        io.write_parquet(tmp / "timings.parquet", timings)
+        io.write_json(tmp / "manifest.json", manifest(specs, incumbent, base, admitted, len(items)))
+    metrics = {**flat_metrics(scored, timings, specs), "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    io.write_json(metrics_path, metrics)
+    return metrics
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 6:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        metrics = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    roles = [r for r in ("base", "candidate", "incumbent") if f"{r}_pass_rate" in metrics]
+    summary = ", ".join(f"{r} pass {metrics[f'{r}_pass_rate']:.3f} overall {metrics[f'{r}_overall']:.3f}" for r in roles)
+    print(f"eval: {metrics['n_items']} items; {summary or 'no items'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,50 @@
+"""summary: the cross-batch table over every batch in params `batches` (averages never hide a regressed batch).
+
+usage: python stages/summary.py metrics reports/summary.md metrics/summary.json plots/summary.csv
+
+in:  metrics/eval/<b>.json and metrics/gate/<b>.json for each batch; params.yaml `batches`, `summary`
+out: reports/summary.md (table, mean, regressed batches, decision counts), metrics/summary.json (flat),
+     plots/summary.csv (per-batch deltas for `dvc plots`)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from clap import io, params
+from clap.errors import ClapError
+from clap.summary import SummaryParams, batch_row, plot_frame, render_markdown, summarize
+
+USAGE = "usage: python stages/summary.py METRICS_DIR REPORT_MD SUMMARY_JSON PLOT_CSV"
+
+
+def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) -> dict:
+    """Build the summary of every configured batch; write the three outputs; return the flat summary."""
+    p = params.section("summary", SummaryParams)
+    batches = params.raw_section("batches")
+    if not isinstance(batches, list) or not batches:
+        raise ClapError("params `batches` must be a non-empty list", file="params.yaml", column="batches", rule="bad_params")
+    rows = [batch_row(metrics_dir, str(b), p) for b in batches]
+    flat = summarize(rows, p)
+    io.atomic_write_text(report_md, render_markdown(rows, flat, p))
+    io.write_json(summary_json, flat)
+    io.atomic_write_text(plot_csv, plot_frame(rows, p).to_csv(index=False, lineterminator="\n"))
+    return flat
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        flat = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"summary: {flat['n_batches']} batches, regressed: {flat['regressed_batches'] or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

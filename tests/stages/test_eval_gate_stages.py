@@ -1,0 +1,64 @@
+"""Smoke runs of stages/eval.py -> stages/gate.py -> stages/summary.py on a tiny batch (subprocess)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from conftest import make_tiny_adapter, write_tiny_admitted
+
+from clap import io, params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stage(name: str, *args: Path | str) -> subprocess.CompletedProcess:
+    """Run one stage script from the repository root (where params.yaml lives).
+
+    One torch thread: on a shared 2-core machine, two OpenMP threads on a tiny model wait on
+    each other for most of each op (measured ~15x slower).
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, f"stages/{name}.py", *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_eval_gate_summary_chain(tiny_base, tmp_path):
+    batch = "2026-01"
+    admitted = write_tiny_admitted(tmp_path / "data/admitted" / batch, n_sft=4, n_probe=6, seed=5)
+    adapter = make_tiny_adapter(tiny_base, tmp_path / "models/adapters" / batch, seed=3)
+    metrics, eval_dir, report = tmp_path / "metrics", tmp_path / "data/eval" / batch, tmp_path / "reports/gate" / batch
+
+    ev = stage("eval", admitted, tiny_base, adapter, tmp_path / "releases/production.json", eval_dir, metrics / "eval" / f"{batch}.json")
+    assert ev.returncode == 0, ev.stderr
+    items = io.read_parquet(eval_dir / "items.parquet")
+    assert sorted(items["model"].unique()) == ["base", "candidate"] and len(items) == 12
+    flat_eval = io.read_json(metrics / "eval" / f"{batch}.json")
+    assert flat_eval["has_candidate"] == 1 and flat_eval["n_items"] == 6 and "candidate_p95_latency_ms" in flat_eval
+
+    io.write_json(tmp_path / "train.json", {"trained": 1, "health": "ok"})
+    io.write_json(tmp_path / "admit.json", {"admitted": 1})
+    gate = stage("gate", eval_dir, tmp_path / "train.json", tmp_path / "admit.json", report, metrics / "gate" / f"{batch}.json")
+    assert gate.returncode == 0, gate.stderr
+    decision = io.read_json(metrics / "gate" / f"{batch}.json")
+    assert (decision["decision"], decision["rule"], decision["decision_code"]) == ("reject", "quality", 0)  # random models: no gain
+    evidence = io.read_json(report / "evidence.json")
+    assert evidence["eval_items_sha256"] == io.sha256_file(eval_dir / "items.parquet")
+    assert evidence["datasets_sha256"]["eval.parquet"] == io.sha256_file(admitted / "eval.parquet")
+    assert set(evidence["params"]) >= {"gate", "scoring", "eval"} and evidence["git_commit"]
+    assert "**REJECT**" in (report / "report.md").read_text()
+
+    broken = stage("gate", eval_dir, tmp_path / "missing-train.json", tmp_path / "admit.json", report, tmp_path / "g.json")
+    assert broken.returncode == 2 and broken.stderr.startswith("error:") and "Traceback" not in broken.stderr
+
+    for other in params.raw_section("batches", ROOT / "params.yaml"):  # the summary covers every configured batch
+        for kind in ("eval", "gate"):
+            if other != batch:
+                shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
+    out = stage("summary", metrics, tmp_path / "summary.md", tmp_path / "summary.json", tmp_path / "summary.csv")
+    assert out.returncode == 0, out.stderr
+    assert io.read_json(tmp_path / "summary.json")["decisions_reject"] == len(params.raw_section("batches", ROOT / "params.yaml"))
+    assert "overall_delta" in pd.read_csv(tmp_path / "summary.csv").columns

@@ -1,0 +1,184 @@
+"""clap.gating: every decision path, the baseline choice, loud inputs, evidence and report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from clap import params
+from clap.errors import ClapError
+from clap.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.gating import (
+    DECISION_CODE,
+    GateParams,
+    bound_check,
+    evidence_bundle,
+    flat_metrics,
+    render_report,
+    run_gate,
+)
+
+HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
+P = GateParams(
+    baseline="incumbent", alpha=0.05, delta_star=0.06, lcb_floor=0.0, power=0.8, planning_discordance=0.2,
+    max_hallucination_rate=0.05, max_wrong_fact_rate=0.15, max_regressed_rate=0.10, max_p95_latency_ms=5000.0,
+    near_bound=0.8, health=HEALTH, max_regressed_samples=3,
+)
+OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok"}, {"admitted": 1}
+SHA = {"candidate": "c" * 64, "incumbent": "i" * 64}
+
+
+def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0, latency_ms: float = 100.0):
+    """Scored and timing frames for models with the given pass vectors (same items, same order)."""
+    n = len(next(iter(passes.values())))
+    rows, times = [], []
+    for role, ok in passes.items():
+        failed = [i for i, good in enumerate(ok) if not good]
+        bad_value = {i: k for k, i in enumerate(failed)} if role == "candidate" else {}  # rank among failures
+        for i, good in enumerate(ok):
+            row = dict.fromkeys(SCORED_COLUMNS)
+            row.update(model=role, position=i, item_id=f"e{i:03d}", metric=["oee", "scrap_rate"][i % 2], line=f"L{i % 3 + 1}", shift="A",
+                       source_system=["mes", "qms"][i % 2], question_type="kpi_lookup", output=f"{role} answer {i}", overall=1.0 if good else 0.5,
+                       hallucination=bad_value.get(i, 1e9) < halluc, wrong_fact=halluc <= bad_value.get(i, -1) < halluc + wrong)
+            row["pass"] = good
+            rows.append(row)
+            times.append((role, f"e{i:03d}", latency_ms, latency_ms * 4, 4, i // 4))
+    meta_models = [{"role": r, "adapter_sha256": SHA.get(r, ""), "batch": {"candidate": "2026-02", "incumbent": "2026-01"}.get(r, ""), "adapter_dir": None} for r in passes]
+    meta = {"models": meta_models, "production": {}, "datasets": {"eval.parquet": "e" * 64}, "base_sha256": "b" * 64, "n_items": n}
+    return pd.DataFrame(rows, columns=SCORED_COLUMNS), pd.DataFrame(times, columns=TIMING_COLUMNS), meta
+
+
+def vectors(n: int, wins: int, losses: int, base_right: int) -> tuple[list[bool], list[bool]]:
+    """Candidate and baseline pass vectors with exactly ``wins`` b and ``losses`` c."""
+    base = np.zeros(n, bool)
+    base[:base_right] = True
+    cand = base.copy()
+    cand[base_right:base_right + wins] = True
+    cand[:losses] = False
+    return cand.tolist(), base.tolist()
+
+
+def gate(passes, train=OK_TRAIN, admit=ADMITTED, p=P, **kw):
+    scored, timings, meta = frames(passes, **kw)
+    return run_gate(scored, timings, meta, train, admit, p)
+
+
+def test_clear_gain_with_low_risk_promotes():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    r = gate({"base": base, "candidate": cand})
+    assert (r.decision, r.rule) == ("promote", "admission")  # every check allows promote: the first one names it
+    assert r.numbers["baseline"] == "base" and r.numbers["b"] == 20 and r.numbers["c"] == 1
+    assert r.numbers["pvalue"] < 0.05 and r.numbers["lcb"] > 0
+
+
+def test_incumbent_is_the_baseline_when_in_production():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    r = gate({"base": [False] * 60, "candidate": cand, "incumbent": base})
+    assert r.numbers["baseline"] == "incumbent" and r.numbers["b"] == 20
+    only_base = gate({"base": base, "candidate": cand, "incumbent": [False] * 60}, p=dataclasses.replace(P, baseline="base"))
+    assert only_base.numbers["baseline"] == "base"
+
+
+def test_candidate_that_is_the_incumbent_is_compared_with_base_and_says_so():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    scored, timings, meta = frames({"base": base, "candidate": cand})
+    meta["production"] = {"role": "incumbent", "batch": "2026-02", "adapter_sha256": SHA["candidate"]}
+    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+    assert r.numbers["baseline"] == "base" and "IS the production adapter" in r.numbers["baseline_reason"]
+
+
+def test_gain_below_margin_rejects_even_if_significant():
+    cand, base = vectors(2000, wins=60, losses=10, base_right=500)  # p ~ 4e-10, delta = 0.025 < delta*
+    r = gate({"base": base, "candidate": cand})
+    assert (r.decision, r.rule) == ("reject", "quality") and r.numbers["pvalue"] < 1e-6
+
+
+def test_no_change_rejects_and_no_discordance_means_p_one():
+    cand, base = vectors(60, wins=0, losses=0, base_right=10)
+    r = gate({"base": base, "candidate": cand})
+    assert r.decision == "reject" and r.numbers["pvalue"] == 1.0 and r.numbers["mde_observed"] == 1.0
+
+
+def test_large_but_inconclusive_gain_holds():
+    cand, base = vectors(20, wins=3, losses=1, base_right=5)  # delta .10 >= delta*, p = .31
+    r = gate({"base": base, "candidate": cand})
+    assert (r.decision, r.rule) == ("hold", "quality")
+
+
+def test_risk_near_bound_canaries_and_over_bound_rejects():
+    cand, base = vectors(100, wins=30, losses=0, base_right=20)
+    near = gate({"base": base, "candidate": cand}, halluc=4)  # 4 % vs bound 5 %
+    assert (near.decision, near.rule) == ("canary", "hallucination_rate")
+    over = gate({"base": base, "candidate": cand}, halluc=6)
+    assert (over.decision, over.rule) == ("reject", "hallucination_rate")
+    slow = gate({"base": base, "candidate": cand}, latency_ms=6000.0)
+    assert (slow.decision, slow.rule) == ("reject", "p95_latency_ms")
+
+
+def test_regressions_are_counted_bounded_and_sliced():
+    cand, base = vectors(100, wins=40, losses=12, base_right=30)
+    r = gate({"base": base, "candidate": cand})
+    assert r.numbers["regressed_count"] == 12 and r.rule == "regressed_rate" and r.decision == "reject"
+    ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {"gate": {"alpha": 0.05}}, P)
+    assert ev["regressed"]["item_ids"] == [f"e{i:03d}" for i in range(12)]
+    assert ev["regressed"]["by_slice"]["metric"] == {"oee": 6, "scrap_rate": 6}
+    assert len(ev["regressed"]["samples"]) == 3 and ev["regressed"]["samples"][0]["output_baseline"] == "base answer 0"
+
+
+@pytest.mark.parametrize("health, decision", [("nan", "reject"), ("alarm", "reject"), ("stopped", "hold"), ("skipped", "reject")])
+def test_training_health_caps_the_decision(health, decision):
+    cand, base = vectors(60, wins=20, losses=0, base_right=10)
+    r = gate({"base": base, "candidate": cand}, train={"trained": 1, "health": health})
+    assert (r.decision, r.rule) == (decision, "training_health")
+
+
+def test_not_admitted_or_not_trained_rejects():
+    cand, base = vectors(60, wins=20, losses=0, base_right=10)
+    assert gate({"base": base, "candidate": cand}, admit={"admitted": 0}).rule == "admission"
+    r = gate({"base": base}, train={"trained": 0, "health": "skipped"}, admit={"admitted": 0})
+    assert r.decision == "reject" and {c.name for c in r.checks} == {"admission", "training_health", "candidate"}
+    ev = evidence_bundle(r, "2026-03", frames({"base": base})[2], "f" * 64, {}, P)
+    assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
+    assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"
+
+
+def test_missing_or_unknown_inputs_are_loud():
+    cand, base = vectors(60, wins=20, losses=0, base_right=10)
+    with pytest.raises(ClapError, match="admitted"):
+        gate({"base": base, "candidate": cand}, admit={})
+    with pytest.raises(ClapError, match="0 or 1"):
+        gate({"base": base, "candidate": cand}, admit={"admitted": "yes"})
+    with pytest.raises(ClapError, match="health"):
+        gate({"base": base, "candidate": cand}, train={"trained": 1})
+    with pytest.raises(ClapError, match="no entry"):
+        gate({"base": base, "candidate": cand}, train={"trained": 1, "health": "weird"})
+    scored, timings, meta = frames({"base": base, "candidate": cand})
+    with pytest.raises(ClapError, match="pair"):
+        run_gate(scored.iloc[:-1], timings, meta, OK_TRAIN, ADMITTED, P)
+
+
+def test_bound_check_edges():
+    assert bound_check("x", 0.05, 0.05, P).cap == "canary"  # at the bound: within, but near it
+    assert bound_check("x", 0.0, 0.05, P).cap == "promote"
+    assert bound_check("x", 0.0501, 0.05, P).cap == "reject"
+
+
+def test_flat_metrics_and_report():
+    cand, base = vectors(60, wins=20, losses=2, base_right=10)
+    r = gate({"base": base, "candidate": cand})
+    flat = flat_metrics(r)
+    assert flat["decision_code"] == DECISION_CODE[flat["decision"]] and flat["check_quality"] == "promote"
+    assert all(isinstance(v, (int, float, str, bool)) for v in flat.values())  # flat: DVC drops lists
+    ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {}, P)
+    md = render_report(ev)
+    assert "# Gate 2026-02: **PROMOTE**" in md and "by metric" in md and ev["adapter_sha256"] == SHA["candidate"]
+    assert DECISION_CODE == {"reject": 0, "hold": 1, "canary": 2, "promote": 3}
+
+
+def test_params_section_loads_and_bad_policy_is_refused():
+    assert params.section("gate", GateParams).alpha > 0
+    with pytest.raises(ClapError):
+        dataclasses.replace(P, health={"ok": "ship-it"})
