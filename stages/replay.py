@@ -1,0 +1,74 @@
+"""replay: CLAP's ABCD application-chain replay of one batch and its final release decision.
+
+usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> metrics/gate/<b>.json data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
+
+in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if trained);
+     the gate's flat decision record; params.yaml `chain`, `replay`, `scoring`
+out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
+     reports/replay/<b>/report.md (ABCD table, final decision and its reasons);
+     flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, final_decision[_code]);
+     plot data csv (condition, metric, value, series)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from clap import io, params
+from clap.chain import ChainParams
+from clap.errors import ClapError
+from clap.model import ADAPTER_FILE, base_sha256, default_device
+from clap.replay import (ReplayParams, decision_metrics, plot_rows, read_gate_decision, render_report, replay_checks,
+                         replay_metrics, run_conditions, score_conditions)
+from clap.scoring import ScoringParams
+from schemas.normalized import validate_frame
+from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
+
+USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR GATE_JSON DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
+
+
+def run(admitted: Path, base: Path, adapter: Path, gate_json: Path, data_dir: Path, report_dir: Path, metrics_path: Path, plot_csv: Path) -> dict:
+    """Replay one batch; write cases, report, metrics and plot data; return the metrics."""
+    started = time.perf_counter()
+    cp, rp, sp = params.section("chain", ChainParams), params.section("replay", ReplayParams), params.section("scoring", ScoringParams)
+    gate = read_gate_decision(io.read_json(gate_json), gate_json)
+    items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
+    has_adapter = (adapter / ADAPTER_FILE).exists()
+    answers = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp)
+    cases, timings = score_conditions(items, answers, sp)
+    cases = validate_frame(ReplayCases, cases, str(data_dir / "cases.parquet"))
+    timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
+    numbers = replay_metrics(cases, timings, len(items), has_adapter)
+    checks = replay_checks(gate, numbers, rp)
+    plot = validate_frame(ReplayPlot, plot_rows(numbers), str(plot_csv))
+    with io.atomic_dir(data_dir) as tmp:
+        io.write_parquet(tmp / "cases.parquet", cases)
+        io.write_parquet(tmp / "timings.parquet", timings)
+    with io.atomic_dir(report_dir) as tmp:
+        io.atomic_write_text(tmp / "report.md", render_report(admitted.name, numbers, checks))
+    io.atomic_write_text(plot_csv, plot.to_csv(index=False, lineterminator="\n"))
+    identity = {"base_sha256": base_sha256(base), "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE) if has_adapter else ""}
+    metrics = {**numbers, **decision_metrics(checks), **identity, "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    io.write_json(metrics_path, metrics)
+    return metrics
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 8:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        m = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    abcd = ", ".join(f"{c} value {m[f'{c}_value_accuracy']:.3f} core {m[f'{c}_core_accuracy']:.3f}" for c in "ABCD" if m.get(f"{c}_run"))
+    print(f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}; final {m['final_decision']} "
+          f"(gate {m['gate_decision']}, rule {m['final_rule']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""clap.chain: retrieval -> prompt -> generation -> parsing, wired once for replay and serving."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from conftest import make_tiny_adapter, write_tiny_admitted
+
+from clap import chain as chain_mod
+from clap.chain import Chain, ChainParams, build_index, load_chain
+from clap.errors import ClapError
+from clap.generate import Generation
+from clap.prompt import build_messages
+from clap.retrieval import RetrievalParams
+from clap.scoring import context_text, parse_answer
+
+RP = RetrievalParams(k1=1.5, b=0.75, entity_weight=2, stopwords="en", concepts={"oee": ["oee"]}, shift_words={"A": ["early"], "B": ["late"]})
+CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RP)
+ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a shared 2-core machine two OpenMP threads on a tiny model mostly wait."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory) -> pd.DataFrame:
+    root = write_tiny_admitted(tmp_path_factory.mktemp("chainkb") / "2026-01", n_sft=2, n_probe=2, seed=1)
+    return pd.read_parquet(root / "kb.parquet")
+
+
+class FakeGenerate:
+    """Stands in for generate_batched: records the chats and answers every chat with ``text``."""
+
+    def __init__(self, text: str):
+        self.text, self.calls = text, []
+
+    def __call__(self, model, tokenizer, chats, *, batch_size, max_new_tokens, desc=""):
+        self.calls.append({"chats": chats, "batch_size": batch_size, "max_new_tokens": max_new_tokens})
+        return [Generation(self.text, 5, 20, 7.0, 7.0 * len(chats), len(chats), 0) for _ in chats]
+
+
+def test_rag_prompt_holds_the_retrieved_docs(kb, monkeypatch):
+    fake = FakeGenerate("Sure! " + ANSWER)
+    monkeypatch.setattr(chain_mod, "generate_batched", fake)
+    index = build_index(kb, CP)
+    questions = ["oee on line L3, late shift?", "oee for L1 early shift"]
+    answers = Chain(None, None, index, CP).answer(questions, rag=True, batch_size=4)
+    expected_docs = [[(h.doc_id, h.text) for h in index.search(q, 2)] for q in questions]
+    assert [a.retrieved.doc_ids for a in answers] == [[d for d, _ in docs] for docs in expected_docs]
+    assert answers[0].retrieved.doc_ids[0] == "KB-oee-L3-B" and answers[1].retrieved.doc_ids[0] == "KB-oee-L1-A"
+    assert fake.calls[0]["chats"] == [build_messages(q, d) for q, d in zip(questions, expected_docs)]
+    assert (fake.calls[0]["batch_size"], fake.calls[0]["max_new_tokens"]) == (4, 6)
+    for a, docs in zip(answers, expected_docs):
+        assert a.rag and a.valid and a.parsed == parse_answer("Sure! " + ANSWER)
+        assert a.context == context_text(docs)
+        assert a.latency_ms == pytest.approx(a.retrieved.retrieval_ms + 7.0)
+
+
+def test_no_rag_prompt_has_no_documents(kb, monkeypatch):
+    fake = FakeGenerate("no idea")
+    monkeypatch.setattr(chain_mod, "generate_batched", fake)
+    (a,) = Chain(None, None, build_index(kb, CP), CP).answer(["oee on line L3, late shift?"], rag=False, batch_size=1)
+    assert fake.calls[0]["chats"] == [build_messages("oee on line L3, late shift?", None)]
+    assert a.retrieved.doc_ids == [] and a.context == "" and not a.rag
+    assert not a.valid and a.parsed.error
+
+
+def test_rag_without_index_is_refused():
+    with pytest.raises(ClapError, match="no knowledge base index"):
+        Chain(None, None, None, CP).answer(["q"], rag=True, batch_size=1)
+
+
+def test_tiny_models_answer_through_the_chain(tiny_base, kb, tmp_path):
+    adapter = make_tiny_adapter(tiny_base, tmp_path / "adapter", seed=4)
+    index = build_index(kb, CP)
+    questions = ["oee on line L3, late shift?", "scrap_count L2 early shift"]
+    base = load_chain(tiny_base, None, index, CP).answer(questions, rag=True, batch_size=2)
+    tuned = load_chain(tiny_base, adapter, index, CP).answer(questions, rag=True, batch_size=2)
+    assert [a.retrieved.doc_ids for a in base] == [a.retrieved.doc_ids for a in tuned]
+    assert all(0 < a.generation.new_tokens <= 6 and a.latency_ms > 0 for a in base + tuned)
+    assert [a.generation.text for a in base] != [a.generation.text for a in tuned]  # the adapter is applied
+    assert all(a.parsed == parse_answer(a.generation.text) for a in base + tuned)
+
+
+def test_params_refuse_nonsense():
+    with pytest.raises(ClapError, match="top_k"):
+        ChainParams(top_k=0, max_new_tokens=6, retrieval=RP)

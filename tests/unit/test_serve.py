@@ -1,0 +1,174 @@
+"""clap serve: release resolution and hash refusal, and the HTTP API over a real loopback server."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import make_tiny_adapter, write_tiny_admitted
+
+from clap import cli, io, params
+from clap.chain import ChainParams
+from clap.errors import ClapError
+from clap.model import ADAPTER_FILE
+from clap.retrieval import RetrievalParams
+from clap.serve import ServeParams, create_app, load_service, resolve_release
+
+REPO = Path(__file__).resolve().parents[2]
+CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}))
+SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _release(root: Path, batch: str | None) -> None:
+    """A production pointer naming ``batch`` with the adapter's real hashes (as clap release writes it)."""
+    if batch is None:
+        io.write_json(root / "releases/production.json", {"batch": None})
+        return
+    adapter = root / "models/adapters" / batch
+    io.write_json(root / "releases/production.json", {
+        "batch": batch, "decision": "promote", "approval_id": "appr-1", "approver": "alice", "commit": "c0ffee",
+        "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE), "adapter_config_sha256": io.sha256_file(adapter / "adapter_config.json")})
+
+
+@pytest.fixture(scope="module")
+def repo(tiny_base, tmp_path_factory) -> Path:
+    """A repository root with a tiny base, a released tiny adapter, two admitted batches and params.yaml."""
+    root = tmp_path_factory.mktemp("serve")
+    shutil.copytree(tiny_base, root / "models/base")
+    for batch, seed in (("2026-01", 1), ("2026-02", 2)):
+        write_tiny_admitted(root / "data/admitted" / batch, n_sft=2, n_probe=2, seed=seed)
+        make_tiny_adapter(root / "models/base", root / "models/adapters" / batch, seed=seed)
+    io.atomic_write_text(root / "params.yaml", (REPO / "params.yaml").read_text(encoding="utf-8"))
+    _release(root, "2026-01")
+    return root
+
+
+@contextlib.contextmanager
+def running(app):
+    """uvicorn on a free loopback port in a thread; yields the base URL; always stopped (bounded)."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        assert not thread.is_alive(), "server did not stop"
+
+
+@pytest.fixture(scope="module")
+def url(repo):
+    chain, served = load_service(repo, SP, CP)
+    with running(create_app(chain, served, SP)) as base_url:
+        yield base_url
+
+
+def test_health_names_the_release(url, repo):
+    r = httpx.get(f"{url}/health", timeout=30)
+    assert r.status_code == 200
+    h = r.json()
+    assert (h["serving"], h["batch"], h["kb_batch"], h["decision"], h["approval_id"]) == ("adapter", "2026-01", "2026-01", "promote", "appr-1")
+    assert h["adapter_sha256"] == io.sha256_file(repo / "models/adapters/2026-01" / ADAPTER_FILE)
+    assert h["base_sha256"] == io.sha256_file(repo / "models/base/model.safetensors") and h["kb_docs"] == 16
+
+
+def test_answer_returns_the_chain_result(url, repo):
+    r = httpx.post(f"{url}/answer", json={"question": "  oee on line L3, late shift?  "}, timeout=120)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["doc_ids"][0] == "KB-oee-L3-B" and len(body["doc_ids"]) <= 2
+    assert body["valid"] is (body["answer"] is not None) and isinstance(body["output"], str)
+    assert body["valid"] or body["error"]
+    assert body["latency_ms"] >= body["retrieval_ms"] > 0 and body["batch"] == "2026-01"
+
+
+@pytest.mark.parametrize("payload, needle", [
+    ({"question": ""}, "at least 1 character"),
+    ({"question": "   "}, "at least 1 character"),
+    ({}, "question: Field required"),
+    ({"question": 42}, "valid string"),
+    ({"question": ["oee?"]}, "valid string"),
+    ({"question": "x" * 201}, "at most 200 characters"),
+    ({"question": "oee?", "top_k": 50}, "top_k: Extra inputs are not permitted"),
+    (["oee?"], "valid dictionary"),
+])
+def test_bad_requests_get_a_clear_422(url, payload, needle):
+    r = httpx.post(f"{url}/answer", json=payload, timeout=30)
+    assert r.status_code == 422 and needle in r.json()["error"]
+
+
+def test_malformed_json_and_wrong_method_are_4xx(url):
+    r = httpx.post(f"{url}/answer", content=b'{"question": ', headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 422 and "JSON decode error" in r.json()["error"]
+    assert httpx.get(f"{url}/answer", timeout=30).status_code == 405
+
+
+def _must_not_serve(*args, **kwargs):
+    raise AssertionError("the server started despite a tampered adapter")
+
+
+def test_tampered_adapter_refuses_to_start(repo, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    weights = root / "models/adapters/2026-01" / ADAPTER_FILE
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(ClapError, match="refusing to serve.*sha256"):
+        resolve_release(root, SP)
+    monkeypatch.chdir(root)
+    monkeypatch.setattr("uvicorn.run", _must_not_serve)
+    assert cli.main(["serve", "--port", "0"]) == 2
+    assert "refusing to serve" in capsys.readouterr().err
+
+
+def test_tampered_config_and_missing_adapter_refuse(repo, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    config = root / "models/adapters/2026-01/adapter_config.json"
+    config.write_text(config.read_text().replace('"lora_alpha": 4', '"lora_alpha": 400'))
+    with pytest.raises(ClapError, match="adapter_config.json has sha256"):
+        resolve_release(root, SP)
+    shutil.rmtree(root / "models/adapters/2026-01")
+    with pytest.raises(ClapError, match="missing"):
+        resolve_release(root, SP)
+
+
+def test_nothing_released_refuses_or_serves_base(repo, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    _release(root, None)
+    with pytest.raises(ClapError, match="nothing is released"):
+        resolve_release(root, SP)
+    served, adapter_dir = resolve_release(root, ServeParams("127.0.0.1", 0, "base", 200))
+    assert adapter_dir is None and served.serving == "base" and served.batch is None and served.adapter_sha256 is None
+    assert served.kb_batch == str(params.raw_section("batches", root / "params.yaml")[-1])
+    assert "BASE model" in served.note
+
+
+def test_params_refuse_nonsense():
+    with pytest.raises(ClapError, match="unreleased"):
+        ServeParams(host="127.0.0.1", port=8000, unreleased="maybe", max_question_chars=10)
