@@ -102,6 +102,18 @@ def _handoff(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="bind address (default: params serve.host)")
+    p.add_argument("--port", type=int, help="port (default: params serve.port)")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from clap import serve
+
+    serve.serve(Path.cwd(), args.host, args.port)
+    return 0
+
+
 # name -> (help, declare arguments, run)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "demo-data": ("generate the deterministic demo raw batches (data/raw/<batch>/)", _demo_data_args, _demo_data),
@@ -110,6 +122,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
     "release": ("verify an approval and put the batch in production", _release_args, _release),
     "rollback": ("return production to the previous release", lambda p: None, _rollback),
     "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
+    "serve": ("serve the production adapter's application chain over HTTP (POST /answer, GET /health)", _serve_args, _serve),
 }
 
 

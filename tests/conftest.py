@@ -1,0 +1,112 @@
+"""Shared fixtures.
+
+``tiny_base``: a tiny random llama saved exactly like ``models/base`` (safetensors, config,
+the real SmolLM2 tokenizer and chat template), built once per test session (~15 s, most of
+it reading the tokenizer out of the GGUF). Use it wherever a test needs a model folder::
+
+    def test_x(tiny_base):
+        model = clap.model.load_model(tiny_base)
+
+Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TINY_SEED = 1234
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> Path:
+    """Path of the session's tiny base model folder (read-only)."""
+    from clap.model import make_tiny_base
+
+    return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
+
+
+# --- tiny admitted batches ---------------------------------------------------------------
+TINY_METRICS = {"oee": "%", "scrap_count": "pcs"}
+TINY_LINES = ("L1", "L2", "L3", "L4")
+TINY_SHIFTS = ("A", "B")
+TINY_DATE = "2026-01-15"
+
+
+def _tiny_combos() -> list[dict]:
+    combos = []
+    for mi, (metric, unit) in enumerate(TINY_METRICS.items()):
+        for li, line in enumerate(TINY_LINES):
+            for si, shift in enumerate(TINY_SHIFTS):
+                value = 80 + 3 * li + si if metric == "oee" else 5 * (li + 1) + 2 * si
+                doc_id = f"KB-{metric}-{line}-{shift}"
+                body = f"{line} shift {shift}: {metric} {value} {unit}."
+                combos.append(dict(metric=metric, unit=unit, line=line, shift=shift, value=float(value), date=TINY_DATE,
+                                   evidence=body, evidence_doc_id=doc_id, body=body))
+    return combos
+
+
+def write_tiny_admitted(out_dir: Path, *, n_sft: int, n_probe: int, seed: int, relabel: bool = False, admitted: bool = True,
+                        n_combos: int = 16) -> Path:
+    """A tiny admitted batch in the data-contract layout (sft/probe/eval/kb parquet + admission.json).
+
+    Up to 16 (metric, line, shift) combos, each with one KB document, used in turn (balanced);
+    every question carries a unique ticket number. ``relabel=True`` permutes the answers of
+    the sft items across items (the corrupted-batch fault: answers no longer belong to their
+    questions).
+    """
+    import hashlib
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from clap import io
+
+    rng = np.random.default_rng(seed)
+    combos = [_tiny_combos()[i] for i in range(0, 16, 16 // n_combos)][:n_combos]
+    kb = pd.DataFrame([{"doc_id": c["evidence_doc_id"], "system": "mes", "record_ref": c["evidence_doc_id"], "title": c["metric"],
+                        "body": c["body"], "line": c["line"], "shift": c["shift"], "date": c["date"]} for c in combos])
+
+    def items(split: str, n: int, start: int) -> pd.DataFrame:
+        rows = []
+        for k in range(n):
+            c = combos[(start + k) % len(combos)]
+            q = f"Ticket {start + k}: {c['metric']} on {c['line']} shift {c['shift']}?"
+            rows.append({"item_id": f"{split}-{start + k}", "split": split, "question": q, "question_type": "kpi_lookup",
+                         "context_doc_ids": json.dumps([c["evidence_doc_id"]]), **{f: c[f] for f in
+                         ("metric", "value", "unit", "line", "shift", "date", "evidence", "evidence_doc_id")},
+                         "source_system": "mes", "input_hash": hashlib.sha256(q.encode()).hexdigest(),
+                         "source_file": "question_log.jsonl", "source_line": start + k + 1})
+        return pd.DataFrame(rows)
+
+    sft, probe, ev = items("train", n_sft, 1000), items("eval", n_probe, 5000), items("eval", n_probe, 7000)
+    if relabel:
+        answer_cols = ["metric", "value", "unit", "line", "shift", "date", "evidence", "evidence_doc_id"]
+        sft[answer_cols] = sft[answer_cols].iloc[rng.permutation(len(sft))].to_numpy()
+        sft["value"] = sft["value"].astype(float)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, df in {"sft": sft, "probe": probe, "eval": ev, "grpo": sft, "replay": ev, "kb": kb}.items():
+        io.write_parquet(out_dir / f"{name}.parquet", df)
+    io.write_json(out_dir / "admission.json", {"verdict": admitted, "reasons": [] if admitted else ["tiny batch refused"]})
+    return out_dir
+
+
+# --- tiny adapters (eval/gate tests) ------------------------------------------------------
+def make_tiny_adapter(base_dir: Path, out_dir: Path, seed: int) -> Path:
+    """A random, non-zero LoRA adapter for the tiny base, saved like models/adapters/<batch>."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from clap.model import load_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(load_model(base_dir), config).save_pretrained(out_dir)
+    return Path(out_dir)

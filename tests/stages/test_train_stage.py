@@ -1,0 +1,74 @@
+"""The train stage end to end on the tiny model: one plain run and one 2-process torchrun."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clap import io
+from conftest import write_tiny_admitted
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGE = ROOT / "stages" / "train.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+CURVE_HEADER = ["step", "loss", "grad_norm", "learning_rate", "tokens_per_s", "probe_loss", "gap_increment", "log_e", "log_threshold"]
+
+
+def _params(tmp: Path, **train) -> None:
+    """A params.yaml in ``tmp`` with the real train/detector sections, shrunk for the tiny model."""
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["train"].update(max_steps=4, torch_threads=1, max_length=512, lr=1e-2, save_steps=2, checkpoint_root=str(tmp / "checkpoints"), **train)
+    p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
+    (tmp / "params.yaml").write_text(yaml.safe_dump({"train": p["train"], "detector": p["detector"]}))
+
+
+def _argv(tmp: Path, base: Path, data: Path) -> list[str]:
+    return [str(data), str(base), str(tmp / "models/adapters/b"), str(tmp / "metrics/train/b.json"), str(tmp / "plots/train/b.csv")]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
+    _params(tmp_path)
+    data = write_tiny_admitted(tmp_path / "data", n_sft=12, n_probe=6, seed=0, n_combos=4)
+    done = subprocess.run([sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, data)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = io.read_json(tmp_path / "metrics/train/b.json")
+    assert rec["trained"] == 1 and rec["health"] == "ok" and rec["steps"] == 4
+    assert rec["adapter_sha256"] == io.sha256_file(tmp_path / "models/adapters/b/adapter_model.safetensors")
+    with open(tmp_path / "plots/train/b.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == CURVE_HEADER and len(rows) == 5
+    assert "health ok" in done.stdout
+
+
+def test_stage_reports_bad_input_without_traceback(tiny_base, tmp_path):
+    _params(tmp_path)
+    done = subprocess.run([sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, tmp_path / "missing")], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error:") and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(str(TORCHRUN)) is None, reason="torchrun not installed")
+def test_torchrun_two_processes_stop_together(tiny_base, tmp_path):
+    """2-process gloo DDP: the injected NaN and the detector's probe values must stop both ranks at the
+    same step (a rank-local decision would hang the other rank in the next collective)."""
+    _params(tmp_path, inject_nan_at_step=3, batch_size=1)
+    data = write_tiny_admitted(tmp_path / "data", n_sft=16, n_probe=6, seed=0, n_combos=4)
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(STAGE), *_argv(tmp_path, tiny_base, data)]
+    done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rec = io.read_json(tmp_path / "metrics/train/b.json")
+    assert rec["world_size"] == 2 and rec["health"] == "nan" and rec["steps"] == rec["stop_step"] == 3
+    assert rec["detector_checks"] == 2  # steps 1 and 2 were checked on both ranks
+    assert (tmp_path / "models/adapters/b/adapter_model.safetensors").exists()
+    assert done.stdout.count("health nan") == 1  # only rank 0 reports and writes

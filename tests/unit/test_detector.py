@@ -1,0 +1,89 @@
+"""The empirical-Bernstein e-process of the TBDL detector (clap/detector.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from clap import detector as det
+from clap import params
+
+
+def _configured() -> det.DetectorParams:
+    return params.section("detector", det.DetectorParams)
+
+
+def test_two_steps_match_the_closed_form():
+    m0, lams, ws = 0.5, [0.5, 0.9], [0.25, 0.75]
+    x1, x2 = 1.0, 0.2
+    psi = [-math.log(1 - lam) - lam for lam in lams]
+    mu0, mu1 = 0.5, (0.5 + x1) / 2  # predictable plug-in means before steps 1 and 2
+    log_k = [lam * (x1 - m0) - p * (x1 - mu0) ** 2 + lam * (x2 - m0) - p * (x2 - mu1) ** 2 for lam, p in zip(lams, psi)]
+    expected = math.log(sum(w * math.exp(v) for w, v in zip(ws, log_k)))
+    stream = det.EProcess(m0, 0.05, lams, ws)
+    stream.update(x1)
+    stream.update(x2)
+    assert stream.log_e == pytest.approx(expected, abs=1e-12)
+    assert det.log_e_paths(np.array([[x1, x2]]), m0, lams, ws)[0, -1] == pytest.approx(expected, abs=1e-12)
+
+
+def test_streaming_equals_vectorised():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=50)
+    stream = det.EProcess(0.45, 0.05, [0.1, 0.5, 0.9], [0.2, 0.3, 0.5])
+    got = []
+    for v in x:
+        stream.update(float(v))
+        got.append(stream.log_e)
+    np.testing.assert_allclose(got, det.log_e_paths(x[None], 0.45, [0.1, 0.5, 0.9], [0.2, 0.3, 0.5])[0], atol=1e-12)
+
+
+def test_null_false_alarm_rate_within_alpha():
+    """Bernoulli(m0) is the maximum-variance null: the ever-alarm rate must stay <= alpha (+3 se)."""
+    p = _configured()
+    m0, runs, steps = det.null_mean(p), 2000, 500
+    x = (np.random.default_rng(20260301).uniform(size=(runs, steps)) < m0).astype(float)
+    alarms = (det.log_e_paths(x, m0, p.lambdas, p.weights) >= math.log(1 / p.alpha)).any(axis=1)
+    se = math.sqrt(p.alpha * (1 - p.alpha) / runs)
+    assert alarms.mean() <= p.alpha + 3 * se
+
+
+def test_shifted_sequence_is_detected():
+    p = _configured()
+    m0 = det.null_mean(p)
+    x = np.clip(np.random.default_rng(1).normal(m0 + 0.15, 0.1, size=(200, 60)), 0, 1)
+    log_e = det.log_e_paths(x, m0, p.lambdas, p.weights)
+    assert (log_e >= math.log(1 / p.alpha)).any(axis=1).mean() >= 0.99
+
+
+def test_alarm_is_sticky_and_state_round_trips():
+    e = det.EProcess(0.5, 0.05, [0.9], [1.0])
+    for _ in range(12):
+        e.update(1.0)
+    assert e.alarm_at is not None and e.alarm_at <= 12
+    first = e.alarm_at
+    for _ in range(30):
+        e.update(0.0)  # evidence decays, the alarm stays
+    assert e.alarm_at == first and e.log_e < e.log_threshold
+    restored = det.EProcess(0.5, 0.05, [0.9], [1.0], **e.state())
+    assert restored.log_e == e.log_e and restored.alarm_at == first
+
+
+def test_increment_clipping_and_sign():
+    assert det.to_unit(5.0, 1.0) == 1.0 and det.to_unit(-5.0, 1.0) == 0.0 and det.to_unit(0.0, 1.0) == 0.5
+    # training improved by 1.0, probe by 0.2: the training loss says 0.8 more than the probe
+    assert det.gap_increment(train_base=2.0, train_now=1.0, probe_base=1.5, probe_now=1.3) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("bad", [{"m0": 1.2}, {"lambdas": [0.5, 1.0]}, {"weights": [0.7, 0.7]}])
+def test_invalid_constants_are_refused(bad):
+    kw = {"m0": 0.5, "alpha": 0.05, "lambdas": [0.5, 0.9], "weights": [0.5, 0.5], **bad}
+    with pytest.raises(ValueError):
+        det.EProcess(**kw)
+
+
+def test_update_refuses_unclipped_increments():
+    with pytest.raises(ValueError):
+        det.EProcess(0.5, 0.05, [0.5], [1.0]).update(1.5)

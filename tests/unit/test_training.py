@@ -1,0 +1,251 @@
+"""LoRA SFT on the tiny model: masking, health checks, resume, determinism, the TBDL detector."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from clap import io
+from clap import model as mdl
+from clap import training as tr
+from clap.detector import DetectorParams
+from clap.errors import ClapError
+from conftest import write_tiny_admitted
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _tp(root: Path, **kw) -> tr.TrainParams:
+    base = dict(seed=11, torch_threads=1, epochs=1, max_steps=4, lr=1e-2, lr_scheduler="constant", warmup_ratio=0.0,
+                weight_decay=0.0, max_grad_norm=1.0, batch_size=1, grad_accum=1, max_length=512, packing=True, length_grouping=False,
+                lora_r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, quantization="auto",
+                loss_on_prompt=False, save_steps=2, checkpoint_root=str(root / "checkpoints"), inject_nan_at_step=-1)
+    return tr.TrainParams(**{**base, **kw})
+
+
+def _dp(**kw) -> DetectorParams:
+    base = dict(enabled=True, alpha=0.05, clip=0.5, null_gap=0.1, lambdas=(0.5, 0.9), weights=(0.5, 0.5),
+                every_steps=1, probe_draw=1, pilot_items=8, seed=3, stop_on_alarm=True)
+    return DetectorParams(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory) -> Path:
+    return write_tiny_admitted(tmp_path_factory.mktemp("adm") / "b", n_sft=16, n_probe=8, seed=0, n_combos=4)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_base, batch, tmp_path_factory):
+    """One uninterrupted 4-step run (packing, checkpoints every 2 steps): the record to compare against."""
+    root = tmp_path_factory.mktemp("ref")
+    result = tr.train_batch(batch, tiny_base, root / "adapters" / "b", _tp(root), _dp())
+    return root, result
+
+
+def test_run_writes_adapter_record_and_curves(reference):
+    root, result = reference
+    rec = result.record
+    adapter = root / "adapters" / "b"
+    assert (adapter / "adapter_model.safetensors").exists() and (adapter / "adapter_config.json").exists()
+    assert rec["adapter_sha256"] == io.sha256_file(adapter / "adapter_model.safetensors")
+    assert rec["trained"] == 1 and rec["health"] == "ok" and rec["steps"] == rec["planned_steps"] == 4
+    assert rec["precision"] == "fp32-lora" and rec["device"] == "cpu"
+    assert rec["detector_checks"] == 4 and rec["detector_alarm_step"] == -1 and rec["alarm_fraction"] == -1.0
+    assert [r["step"] for r in result.curves] == [1, 2, 3, 4]
+    assert all(r["probe_loss"] is not None and r["log_e"] is not None for r in result.curves)
+    assert all(isinstance(v, (int, float, str, bool)) for v in rec.values())  # flat for DVC
+
+
+def test_completion_only_masking_masks_exactly_the_prompt(reference):
+    rec = reference[1].record
+    masked = round(rec["masked_tokens_fraction"] * rec["label_tokens"])
+    assert rec["label_tokens"] == rec["prompt_tokens"] + rec["completion_tokens"]
+    assert masked == rec["prompt_tokens"]
+
+
+def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
+    rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, max_steps=1, loss_on_prompt=True), _dp(enabled=False)).record
+    assert rec["masked_tokens_fraction"] == 0.0 and rec["label_tokens"] == rec["prompt_tokens"] + rec["completion_tokens"]
+
+
+def test_two_runs_give_the_identical_adapter(reference, tiny_base, batch, tmp_path):
+    again = tr.train_batch(batch, tiny_base, tmp_path / "adapters" / "b", _tp(tmp_path), _dp()).record
+    assert again["adapter_sha256"] == reference[1].record["adapter_sha256"]
+
+
+class _Kill(TrainerCallback):
+    """Simulates a killed stage: raises after the checkpoint of ``step`` was written."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(reference, tiny_base, batch, tmp_path):
+    ref_root, ref = reference
+    out = tmp_path / "adapters" / "b"
+    with pytest.raises(KeyboardInterrupt):
+        tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), extra_callbacks=[_Kill(2)])
+    assert not out.exists()  # nothing half-written at the final path
+    resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp())
+    assert resumed.record["resumed_from"] == "checkpoint-2" and resumed.record["steps"] == 4
+    a, b = load_file(out / "adapter_model.safetensors"), load_file(ref_root / "adapters/b/adapter_model.safetensors")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    assert [r["step"] for r in resumed.curves] == [1, 2, 3, 4]  # curves and detector state survive the resume
+    assert resumed.record["detector_checks"] == ref.record["detector_checks"]
+
+
+def test_changed_params_discard_old_checkpoints(tmp_path):
+    ckpt = tmp_path / "ck"
+    (ckpt / "checkpoint-2").mkdir(parents=True)
+    io.write_json(ckpt / "checkpoint-2" / "clap_diagnosis.json", {})
+    io.write_json(ckpt / tr.FINGERPRINT_FILE, {"fingerprint": "old"})
+    assert tr.last_complete_checkpoint(ckpt, "old", is_main=True).endswith("checkpoint-2")
+    assert tr.last_complete_checkpoint(ckpt, "new", is_main=True) is None and not ckpt.exists()
+
+
+def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
+    rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
+    assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
+
+
+def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
+    data = write_tiny_admitted(tmp_path / "refused", n_sft=4, n_probe=2, seed=0, admitted=False)
+    res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp())
+    assert res.record["trained"] == 0 and res.record["health"] == "skipped" and "refused" in res.record["skip_reason"]
+    assert not (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "adapter" / "skipped.json").exists()
+
+
+def test_length_stats_count_truncated_and_dropped_rows():
+    items = [mdl.Encoded(tuple(range(n)), p) for n, p in ((10, 5), (30, 10), (40, 25), (24, 20))]
+    stats = tr.length_stats(items, max_length=20)
+    assert stats["rows_truncated"] == 1 and stats["rows_dropped"] == 2  # prompt >= max_length: dropped
+
+
+def test_unknown_quantization_is_refused(tmp_path):
+    with pytest.raises(ClapError):
+        tr.precision_plan(_tp(tmp_path, quantization="int3"), "cpu")
+    assert tr.precision_plan(_tp(tmp_path, quantization="auto"), "cpu") == "fp32-lora"
+    assert tr.precision_plan(_tp(tmp_path, quantization="auto"), "cuda") == "qlora-nf4"
+
+
+def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
+    from peft import get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = mdl.load_model(tiny_base)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    model = get_peft_model(model, tr.lora_config(_tp(Path("."))))
+    ids = torch.arange(100, 164)[None]
+    labels = ids.clone()
+    labels[:, :40] = -100
+    results = []
+    for compact in (False, True):
+        model.zero_grad()
+        with tr.compact_lm_head() if compact else torch.enable_grad():
+            loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+        results.append((float(loss), grads))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0][1], results[1][1]))
+
+
+# --- the TBDL detector on a base that already knows the task --------------------------------
+def _teach(base: Path, out: Path, data: Path, *, max_steps: int, seed: int) -> float:
+    """Full fine-tune the random tiny model on clean items until it answers from the question.
+
+    Returns the contrast: completion loss of permuted answers minus that of the true answers
+    (nats/token) on training items. A base that ignores the question has contrast ~0 and a
+    relabelled run could not "train without learning" on it.
+    """
+    torch.manual_seed(seed)
+    tok = mdl.load_tokenizer(base, padding_side="right")
+    kb = io.read_parquet(data / "kb.parquet")
+    sft = io.read_parquet(data / "sft.parquet")
+    clean = [mdl.encode_example(tok, e) for e in tr.build_examples(sft, kb)]
+    wrong = sft.copy()
+    wrong[["metric", "value", "unit", "line", "shift", "evidence"]] = wrong[["metric", "value", "unit", "line", "shift", "evidence"]].shift(1).bfill()
+    permuted = [mdl.encode_example(tok, e) for e in tr.build_examples(wrong, kb)]
+    model = mdl.load_model(base).train()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    contrast = 0.0
+    for step in range(max_steps):
+        items = [clean[(step * 8 + i) % len(clean)] for i in range(8)]
+        opt.zero_grad()
+        _completion_loss(model, items).backward()
+        opt.step()
+        if step % 8 == 7:
+            model.eval()
+            contrast = _mean(mdl.completion_nll(model, permuted[:12], max_tokens=4096)) - _mean(mdl.completion_nll(model, clean[:12], max_tokens=4096))
+            model.train()
+            if contrast > 0.5:
+                break
+    mdl.save_model_dir(model, tok, out)
+    return contrast
+
+
+def _mean(scores) -> float:
+    return sum(s for s, _ in scores) / sum(n for _, n in scores)
+
+
+def _completion_loss(model, items):
+    ids = torch.tensor([t for it in items for t in it.input_ids])[None]
+    pos = torch.cat([torch.arange(len(it.input_ids)) for it in items])[None]
+    hidden = model.model(input_ids=ids, position_ids=pos).last_hidden_state[0]
+    rows, targets, start = [], [], 0
+    for it in items:
+        end = start + len(it.input_ids)
+        rows += range(start + it.n_prompt - 1, end - 1)
+        targets += it.input_ids[it.n_prompt:]
+        start = end
+    logp = torch.log_softmax(model.lm_head(hidden[rows]), dim=-1)
+    return -logp.gather(1, torch.tensor(targets)[:, None]).mean()
+
+
+@pytest.fixture(scope="module")
+def taught_base(tiny_base, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("taught")
+    data = write_tiny_admitted(root / "teach", n_sft=64, n_probe=2, seed=5, n_combos=4)
+    contrast = _teach(tiny_base, root / "base", data, max_steps=48, seed=0)
+    assert contrast > 0.5, f"the tiny base did not learn to answer from the question (contrast {contrast:.2f})"
+    return root / "base"
+
+
+@pytest.mark.slow  # teaches a base, then two 24-step runs: ~1-2 min on 2 cores
+@pytest.mark.parametrize("relabel", [False, True], ids=["clean", "relabelled"])
+def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
+    data = write_tiny_admitted(tmp_path / "b", n_sft=96, n_probe=24, seed=1, relabel=relabel, n_combos=4)
+    tp = _tp(tmp_path, max_steps=24, batch_size=4, packing=False, lr=2e-2, save_steps=1000)
+    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp()).record
+    if relabel:
+        assert rec["health"] == "alarm" and 0 < rec["detector_alarm_step"] == rec["steps"] < 24
+        assert rec["alarm_fraction"] == rec["detector_alarm_step"] / 24
+    else:
+        assert rec["health"] == "ok" and rec["detector_alarm_step"] == -1 and rec["steps"] == 24
+        assert rec["probe_loss_end"] < rec["probe_loss_start"]
+
+
+def test_health_check_reads_loss_and_optional_grad_norm():
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl
+
+    from clap.diagnosis import Diagnosis
+
+    diag = Diagnosis(_dp(enabled=False), [], [], max_tokens=64, inject_nan_at_step=-1)
+    state = SimpleNamespace(global_step=1)
+    control = diag.on_log(None, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 10})  # no grad_norm: clipping off
+    assert not control.should_training_stop and diag.s.health == "ok"
+    state.global_step = 2
+    control = diag.on_log(None, state, TrainerControl(), logs={"loss": 1.0, "grad_norm": float("inf"), "num_tokens": 20})
+    assert control.should_training_stop and diag.s.health == "nan" and diag.s.stop_step == 2
