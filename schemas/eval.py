@@ -55,7 +55,7 @@ class EvalItems(pa.DataFrameModel):
         return ~df.duplicated(["model", "item_id"], keep=False) & ~df.duplicated(["model", "position"], keep=False)
 
     @pa.dataframe_check(name="pass_means_every_field_right")
-    def _pass(cls, df: pd.DataFrame) -> Series[bool]:
+    def pass_means_every_field_right(cls, df: pd.DataFrame) -> Series[bool]:
         return df["pass"] == df[[f"{k}_correct" for k in ANSWER_FIELDS]].all(axis=1)
 
     @pa.dataframe_check(name="unparseable_scores_zero")
