@@ -41,6 +41,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def machine() -> str:
+    """CPU model, vector extensions that matter for fp32 GEMM, and core count."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), platform.processor())
+    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    simd = ",".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    return f"{platform.machine()} {model} ({simd or 'no avx2'}), {os.cpu_count()} cpus"
+
+
 def matmul_peak(threads: int, n: int = 2048, reps: int = 8) -> float:
     """Best fp32 GEMM rate (FLOP/s) of ``reps`` n x n products on ``threads`` threads."""
     import torch
@@ -131,6 +140,7 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
     ap.add_argument("--path", choices=["clap", "plain"], help=argparse.SUPPRESS)  # child process mode
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/train_speed.json"))
     a = ap.parse_args()
@@ -150,7 +160,7 @@ def main() -> None:
         r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peak
     report = {"batch": a.batch, "examples": a.examples, "threads": a.threads, "warmup_steps": a.warmup,
               "matmul_peak_flops_per_s": peak, "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
-              "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring", "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+              "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring", "machine": machine(), "note": a.note,
               "load_avg_1m_at_end": os.getloadavg()[0], **{f"{k}": v for k, v in results.items()}}
     from clap import io
 

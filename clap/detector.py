@@ -156,3 +156,15 @@ class EProcess:
 def make_eprocess(p: DetectorParams, state: dict[str, Any] | None = None) -> EProcess:
     """The e-process the params pre-register, optionally restored from :meth:`EProcess.state`."""
     return EProcess(null_mean(p), p.alpha, list(p.lambdas), list(p.weights), **(state or {}))
+
+
+def replay(gaps: Sequence[float], p: DetectorParams) -> tuple[np.ndarray, int]:
+    """log E_t of a recorded gap series under the constants ``p``, and the 1-based alarm index (-1: none).
+
+    The gap increments do not depend on alpha, clip, null_gap, lambdas or weights, so a run's
+    curves can be re-read under other constants (calibration on fault-injected runs).
+    """
+    x = np.array([[to_unit(g, p.clip) for g in gaps]])
+    log_e = log_e_paths(x, null_mean(p), p.lambdas, p.weights)[0] if len(gaps) else np.zeros(0)
+    hits = np.flatnonzero(log_e >= math.log(1 / p.alpha))
+    return log_e, int(hits[0]) + 1 if hits.size else -1

@@ -87,3 +87,14 @@ def test_invalid_constants_are_refused(bad):
 def test_update_refuses_unclipped_increments():
     with pytest.raises(ValueError):
         det.EProcess(0.5, 0.05, [0.5], [1.0]).update(1.5)
+
+
+def test_replay_matches_the_streaming_process():
+    p = _configured()
+    gaps = [0.3, -0.2, 1.5, 0.8, 0.9, 1.2, 1.1, 0.95, 1.3, 1.0, 1.4, 0.9]
+    stream = det.make_eprocess(p)
+    for g in gaps:
+        stream.update(det.to_unit(g, p.clip))
+    log_e, alarm = det.replay(gaps, p)
+    assert log_e[-1] == pytest.approx(stream.log_e, abs=1e-12)
+    assert alarm == (stream.alarm_at if stream.alarm_at is not None else -1)
