@@ -79,6 +79,7 @@ class DemoParams:
     extra_facts: float
     orphan_facts: float
     distractors: list[int]
+    body_words: list[int]
     same_metric_distractor: float
     value_as_text: float
     mixes: dict[str, dict[str, float]]

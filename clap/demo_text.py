@@ -139,7 +139,7 @@ CMMS_EVENTS = (
     ("Electrical", "Label printer jammed repeatedly",
      ("Printhead cleaned, roll re-threaded.", "Printer swapped with the spare unit.")),
 )
-FILLERS = {  # extra sentences when a body is shorter than WORDS_MIN words
+FILLERS = {  # extra sentences when a body is shorter than demo.body_words[0] words
     "mes": MES_REMARKS,
     "qms": QMS_NOTES,
     "cmms": (

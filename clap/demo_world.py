@@ -17,7 +17,6 @@ import numpy as np
 
 from clap import demo_text as T
 
-WORDS_MIN, WORDS_MAX = 25, 45  # KB body length: long bodies cost real minutes on 2 CPU cores
 DST_START = dt.date(2026, 3, 29)  # CET -> CEST: timestamps carry the plant's local offset
 
 
@@ -101,7 +100,7 @@ def build_world(batch: str, spec, p, rng: np.random.Generator) -> World:
     _assign_ids(facts, tag, rng)
     _assign_roles(facts, n_q, round(p.orphan_facts * len(facts)), rng)
     for f in facts:
-        _write_document(f, rng)
+        _write_document(f, p.body_words, rng)
     items = _make_items(facts, sizes, tag, spec.phrasing, p, rng)
     return World(batch, tag, facts, items)
 
@@ -156,8 +155,9 @@ def _pick(rng, seq):
     return seq[rng.integers(len(seq))]
 
 
-def _write_document(f: Fact, rng) -> None:
-    """KB title/body for a fact plus the source record's own free text."""
+def _write_document(f: Fact, body_words: list[int], rng) -> None:
+    """KB title/body (``body_words``: min, max words) for a fact plus the source record's own free text."""
+    words_min, words_max = body_words
     m = T.METRICS[f.metric]
     notes = _record_note(f, rng)
     slots = {"rid": f.record_id, "line": f.line, "shift": f.shift, "shift_name": T.SHIFT_NAMES[f.shift],
@@ -166,9 +166,9 @@ def _write_document(f: Fact, rng) -> None:
     f.evidence = _pick(rng, m.sentences).format(v=T.fmt_value(f.value, m.decimals))
     fixed = len(intro.split()) + len(f.evidence.split())
     fillers = T.FILLERS[f.system]
-    while fixed + sum(len(n.split()) for n in notes) < WORDS_MIN:
+    while fixed + sum(len(n.split()) for n in notes) < words_min:
         notes = list(dict.fromkeys([*notes, _pick(rng, fillers)]))
-    while fixed + sum(len(n.split()) for n in notes) > WORDS_MAX and len(notes) > 1:
+    while fixed + sum(len(n.split()) for n in notes) > words_max and len(notes) > 1:
         notes.pop()
     value = f.evidence + "."
     sentences = [intro, value, *notes] if rng.random() < 0.6 else [intro, *notes, value]
@@ -225,7 +225,7 @@ def _context_pools(facts: list[Fact]) -> dict[tuple, list[Fact]]:
 
 
 def _context(f: Fact, pools, p, rng) -> list[str]:
-    """Gold doc plus 1-2 plausible distractors, shuffled."""
+    """Gold doc plus ``p.distractors`` (min, max) plausible distractors, shuffled."""
     lo, hi = p.distractors
     chosen: list[Fact] = []
     for _ in range(int(rng.integers(lo, hi + 1))):
@@ -263,8 +263,12 @@ def _logged_at(day: dt.date, rng) -> str:
 def shuffle_answers(items: list[Item], rng) -> int:
     """Corrupt train labels: derange answers among train items of the same metric.
 
-    Value, evidence and cited document move together and the cited document replaces the
-    true one in the item's context, so every static check still passes.
+    Value, evidence and cited document move together; the donor's document takes a
+    distractor's place in the item's context (the true document stays), so every static check
+    still passes (evidence verbatim in the context, carrying the value) while each label cites
+    the context document that does NOT match the question's line, shift and date. Fitting
+    these labels means learning to pick the wrong record: training loss falls, held-out skill
+    does not improve (a join on the wrong key in a real export looks like this).
 
     Returns:
         The number of train items whose answer moved.
@@ -282,6 +286,16 @@ def shuffle_answers(items: list[Item], rng) -> int:
         for i, k in enumerate(order):  # rotation of a random order: nobody keeps their own answer
             it, donor = group[k], group[order[(i + 1) % len(order)]].fact
             it.answer = donor
-            it.context = [donor.doc_id if d == it.fact.doc_id else d for d in it.context if d != donor.doc_id]
+            it.context = _with_donor(it.context, it.fact.doc_id, donor.doc_id)
             moved += 1
     return moved
+
+
+def _with_donor(context: list[str], gold: str, donor: str) -> list[str]:
+    """``context`` with ``donor`` in place of its first distractor (kept if already there; appended if none)."""
+    if donor in context:
+        return list(context)
+    for i, d in enumerate(context):
+        if d != gold:
+            return context[:i] + [donor] + context[i + 1:]
+    return [*context, donor]

@@ -14,10 +14,9 @@ from typing import Iterable, Mapping, Sequence
 ANSWER_FIELDS: tuple[str, ...] = ("metric", "value", "unit", "line", "shift", "date", "evidence")
 CORE_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date")
 
-SYSTEM_PROMPT = (
-    "You are a manufacturing operations assistant. Answer from the context only. "
-    'Reply with one JSON object with keys "metric", "value", "unit", "line", "shift", "date", "evidence"; '
-    "evidence is a verbatim quote from the context that contains the value."
+SYSTEM_PROMPT = (  # short on purpose: every prompt token is paid in training, eval, replay and serving
+    'Answer from the context only, as one JSON object with keys "metric", "value", "unit", "line", '
+    '"shift", "date", "evidence" (a verbatim quote from the context that contains the value).'
 )
 NO_CONTEXT = "(no documents retrieved)"
 

@@ -1,5 +1,6 @@
 """The cross-batch summary (CLAP's table): base -> candidate per batch, the mean, and the
-batches that regressed, flagged even when the mean improved, plus the gate's decisions."""
+batches that regressed, flagged even when the mean improved; per batch the training health
+(detector alarm), the gate's decision and the final decision after replay."""
 
 from __future__ import annotations
 
@@ -35,13 +36,23 @@ def _get(record: dict[str, Any], key: str, file: Path) -> Any:
     return record[key]
 
 
+def _record(metrics_dir: Path, stage: str, batch: str) -> tuple[dict[str, Any], Path]:
+    path = metrics_dir / stage / f"{batch}.json"
+    record = io.read_json(path)
+    if not isinstance(record, dict):
+        raise ClapError("metrics file must be a flat JSON object", file=path, rule="corrupt_metrics")
+    return record, path
+
+
 def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str, Any]:
-    """One batch: its decision and, per metric, base, candidate and delta (None without a candidate)."""
-    eval_path, gate_path = Path(metrics_dir) / "eval" / f"{batch}.json", Path(metrics_dir) / "gate" / f"{batch}.json"
-    ev, gate = io.read_json(eval_path), io.read_json(gate_path)
-    if not isinstance(ev, dict) or not isinstance(gate, dict):
-        raise ClapError("metrics file must be a flat JSON object", file=eval_path, rule="corrupt_metrics")
-    row: dict[str, Any] = {"batch": batch, "decision": _get(gate, "decision", gate_path), "has_candidate": bool(_get(ev, "has_candidate", eval_path))}
+    """One batch: training health, gate and final decision and, per metric, base, candidate and delta (None without a candidate)."""
+    (ev, eval_path), (gate, gate_path), (train, train_path), (replay, replay_path) = (
+        _record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train", "replay"))
+    row: dict[str, Any] = {
+        "batch": batch, "health": _get(train, "health", train_path), "alarm_step": int(_get(train, "detector_alarm_step", train_path)),
+        "alarm_fraction": float(_get(train, "alarm_fraction", train_path)), "gate_decision": _get(gate, "decision", gate_path),
+        "decision": _get(replay, "final_decision", replay_path), "final_rule": _get(replay, "final_rule", replay_path),
+        "has_candidate": bool(_get(ev, "has_candidate", eval_path))}
     for m in p.metrics:
         base = float(_get(ev, f"base_{m}", eval_path))
         cand = float(_get(ev, f"candidate_{m}", eval_path)) if row["has_candidate"] else None
@@ -66,6 +77,7 @@ def summarize(rows: Sequence[dict[str, Any]], p: SummaryParams) -> dict[str, Any
     regressed = [r["batch"] for r in rows if r["regressed"]]
     out: dict[str, Any] = {"n_batches": len(rows), "n_with_candidate": len(trained), "n_regressed_batches": len(regressed), "regressed_batches": ",".join(regressed)}
     out.update({f"decisions_{d}": sum(r["decision"] == d for r in rows) for d in DECISIONS})
+    out["n_detector_alarms"] = sum(r["alarm_step"] > 0 for r in rows)
     for m in p.metrics if trained else ():
         for kind in ("base", "candidate", "delta"):
             out[f"mean_{kind}_{m}"] = round(sum(r[f"{kind}_{m}"] for r in trained) / len(trained), 6)
@@ -73,6 +85,13 @@ def summarize(rows: Sequence[dict[str, Any]], p: SummaryParams) -> dict[str, Any
     improved = bool(main and trained and (out[f"mean_delta_{main}"] < 0 if main in LOWER_IS_BETTER else out[f"mean_delta_{main}"] > 0))
     out["mean_improved_but_batch_regressed"] = improved and bool(regressed)
     return out
+
+
+def _training(row: dict[str, Any]) -> str:
+    """Training health, with the detector's alarm step and its fraction of the planned steps."""
+    if row["alarm_step"] > 0:
+        return f"{row['health']} (alarm at step {row['alarm_step']}, {row['alarm_fraction']:.0%} of steps)"
+    return row["health"]
 
 
 def _cell(row: dict[str, Any], m: str) -> str:
@@ -83,15 +102,17 @@ def _cell(row: dict[str, Any], m: str) -> str:
 
 def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: SummaryParams) -> str:
     """The cross-batch table (base → candidate (delta) per metric), the mean row and the flags."""
-    head = ["batch", "decision", *p.metrics, "regressed"]
+    head = ["batch", "training", "gate", "final", *p.metrics, "regressed"]
     lines = ["# Cross-batch summary (base → candidate)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         flag = "**REGRESSED**" if r["regressed"] else ("no candidate" if not r["has_candidate"] else "")
-        lines.append(f"| {r['batch']} | {r['decision']} | " + " | ".join(_cell(r, m) for m in p.metrics) + f" | {flag} |")
+        lines.append(f"| {r['batch']} | {_training(r)} | {r['gate_decision']} | **{r['decision']}** | "
+                     + " | ".join(_cell(r, m) for m in p.metrics) + f" | {flag} |")
     if flat["n_with_candidate"]:
         means = [f"{flat[f'mean_base_{m}']:.4g} → {flat[f'mean_candidate_{m}']:.4g} ({flat[f'mean_delta_{m}']:+.4g})" for m in p.metrics]
-        lines.append(f"| mean ({flat['n_with_candidate']} trained) | | " + " | ".join(means) + " | |")
-    lines += ["", "Decisions: " + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS)) + "."]
+        lines.append(f"| mean ({flat['n_with_candidate']} trained) | | | | " + " | ".join(means) + " | |")
+    lines += ["", "Final decisions (gate, then replay): " + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS)) + "."]
+    lines += [f"- {r['batch']}: {r['decision']} by rule `{r['final_rule']}`" for r in rows]
     if flat["regressed_batches"]:
         note = " even though the mean improved" if flat["mean_improved_but_batch_regressed"] else ""
         lines.append(f"Regressed batches (candidate worse than base on {', '.join(p.regression_metrics)}){note}: **{flat['regressed_batches']}**.")
