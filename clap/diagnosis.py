@@ -60,6 +60,7 @@ class DiagState:
     train_base: float | None = None  # frozen pilot baseline L_train_base
     probe_base: list[tuple[float, int]] = field(default_factory=list)  # per probe item, base model
     draws: int = 0  # probe draws consumed
+    drawn: list[list[Any]] = field(default_factory=list)  # per draw: [item indices, [[nll, tokens] at its check]]
     eprocess: dict[str, Any] | None = None
     alarm_step: int = -1
     health: str = "ok"
@@ -143,8 +144,9 @@ class Diagnosis(TrainerCallback):
         """(current, base) token-mean loss of the next fresh, non-overlapping probe draw."""
         take = self.order[self.s.draws * self.p.probe_draw:(self.s.draws + 1) * self.p.probe_draw]
         self.s.draws += 1
-        now = shared(token_mean(self._score(model, [self.probe[i] for i in take])))
-        return now, token_mean([self.s.probe_base[i] for i in take])
+        scores = self._score(model, [self.probe[i] for i in take])
+        self.s.drawn.append([list(take), [list(x) for x in scores]])
+        return shared(token_mean(scores)), token_mean([self.s.probe_base[i] for i in take])
 
     def _check(self, train_now: float, row: dict[str, Any], step: int, control) -> None:
         probe_now, probe_base = self._pending
@@ -172,11 +174,26 @@ class Diagnosis(TrainerCallback):
         self.s.score_seconds += time.perf_counter() - start
         return scores
 
+    def _score_as_base(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
+        """Scores under the base weights: the LoRA layers switched off (peft), not a second model."""
+        with model.disable_adapter():
+            return self._score(model, items)
+
     def score_probe(self, model) -> tuple[float, float]:
-        """(base, current) token-mean loss over the whole probe pool (end-of-run report)."""
+        """(base, trained) token-mean probe loss for the record: paired, over the same items.
+
+        With detector draws: the draws of the last quarter of checks, each scored at its own
+        check (already paid for; rescoring the pool at the end cost ~30% of the detector's
+        time). Without (detector off): the whole pool, base vs now.
+        """
         if not self.probe:
             return float("nan"), float("nan")
-        return token_mean(self.s.probe_base), shared(token_mean(self._score(model, self.probe)))
+        tail = self.s.drawn[-max(1, len(self.s.drawn) // 4):]
+        if tail:
+            items = [i for take, _ in tail for i in take]
+            return token_mean([self.s.probe_base[i] for i in items]), token_mean([tuple(x) for _, sc in tail for x in sc])
+        base = self.s.probe_base or self._score_as_base(model, self.probe)
+        return token_mean(base), shared(token_mean(self._score(model, self.probe)))
 
     # --- helpers --------------------------------------------------------------------------
     def _stop(self, control, step: int, health: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,8 @@ def test_completion_only_masking_masks_exactly_the_prompt(reference):
 def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
     rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, max_steps=1, loss_on_prompt=True), _dp(enabled=False)).record
     assert rec["masked_tokens_fraction"] == 0.0 and rec["label_tokens"] == rec["prompt_tokens"] + rec["completion_tokens"]
+    # detector off: the probe's base loss is still measured (adapter switched off), never a silent 0
+    assert math.isfinite(rec["probe_loss_start"]) and rec["probe_loss_start"] > 1.0
 
 
 def test_two_runs_give_the_identical_adapter(reference, tiny_base, batch, tmp_path):
