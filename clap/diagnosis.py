@@ -84,6 +84,7 @@ class Diagnosis(TrainerCallback):
     def __init__(self, params: det.DetectorParams, probe: list[Encoded], pilot: list[Encoded], *, max_tokens: int, inject_nan_at_step: int):
         self.p, self.probe, self.pilot = params, probe, pilot
         self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
+        self.resumed_tokens = 0.0  # set at train begin (resume)
         self.order = probe_order(len(probe), params.seed)
         self.s = DiagState()
         self.eproc = det.make_eprocess(params)
@@ -110,6 +111,8 @@ class Diagnosis(TrainerCallback):
     # --- events ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.s.planned_steps = int(state.max_steps)
+        # tokens already trained before a resume: throughput counts only this process's tokens
+        self.resumed_tokens = next((float(h["num_tokens"]) for h in reversed(state.log_history) if "num_tokens" in h), 0.0)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
         if self.p.enabled and self.s.train_base is None:  # fresh run: LoRA B = 0, so the model is the base
             self.s.train_base = shared(token_mean(self._score(model, self.pilot)))

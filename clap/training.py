@@ -358,7 +358,7 @@ def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
         summary["health"] = "stopped"  # stopped early by something other than the diagnosis
     return {**summary, "steps": int(trainer.state.global_step), "planned_steps": int(diag.s.planned_steps),
             "epochs": float(trainer.state.epoch or 0.0), "tokens": int(tokens), "train_runtime_s": round(runtime, 3),
-            "tokens_per_s": round(tokens / runtime, 3) if runtime > 0 else 0.0,
+            "tokens_per_s": round((tokens - diag.resumed_tokens) / runtime, 3) if runtime > 0 else 0.0,
             "final_loss": losses[-1] if losses else float("nan"), "min_loss": min(finite) if finite else float("nan"),
             "train_loss_end": float(np.mean(tail)) if tail else float("nan"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}

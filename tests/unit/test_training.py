@@ -105,6 +105,8 @@ def test_resume_after_interruption_matches_uninterrupted_run(reference, tiny_bas
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     assert [r["step"] for r in resumed.curves] == [1, 2, 3, 4]  # curves and detector state survive the resume
     assert resumed.record["detector_checks"] == ref.record["detector_checks"]
+    rec = resumed.record  # throughput counts only the tokens of the resumed steps
+    assert rec["tokens_per_s"] * rec["train_runtime_s"] < 0.75 * rec["tokens"]
 
 
 def test_changed_params_discard_old_checkpoints(tmp_path):
