@@ -39,9 +39,8 @@ from clap import io  # noqa: E402
 def reduce(cp: cal.CalibrateParams, loop: cal.LoopParams, args: argparse.Namespace) -> tuple[cal.CalibrateParams, cal.LoopParams]:
     """The ``--reduced`` overrides (only those given)."""
     cp = dataclasses.replace(cp, **{k: v for k, v in (("faults", args.faults), ("clean_seeds", args.clean_seeds)) if v is not None})
-    if args.max_steps:
-        loop = dataclasses.replace(loop, train=dataclasses.replace(loop.train, max_steps=args.max_steps))
-    return cp, loop
+    train = {k: v for k, v in (("max_steps", args.max_steps), ("torch_threads", args.threads)) if v}
+    return cp, dataclasses.replace(loop, train=dataclasses.replace(loop.train, **train))
 
 
 def batch_copy(admitted: Path, work: Path, eval_items: int) -> Path:
@@ -62,6 +61,7 @@ def main() -> int:
     ap.add_argument("--reduced", action="store_true", help="smoke run: apply the overrides below")
     ap.add_argument("--max-steps", type=int, default=0, help="(--reduced) cap optimizer steps per run")
     ap.add_argument("--eval-items", type=int, default=0, help="(--reduced) first N held-out items only")
+    ap.add_argument("--threads", type=int, default=0, help="(--reduced) torch threads for training (default: params)")
     ap.add_argument("--faults", nargs="*", help="(--reduced) faults to run (default: params)")
     ap.add_argument("--clean-seeds", nargs="*", type=int, help="(--reduced) clean seeds (default: params)")
     args = ap.parse_args()
@@ -79,7 +79,7 @@ def main() -> int:
     io.atomic_write_text(args.out.with_suffix(".md"), cal.render_markdown(result, title))
     io.write_json(args.out.with_suffix(".json"), {
         "batch": args.batch, "reduced": args.reduced, "summary": result.summary, "runs": result.rows,
-        "overrides": {"max_steps": args.max_steps, "eval_items": args.eval_items} if args.reduced else {},
+        "overrides": {"max_steps": args.max_steps, "eval_items": args.eval_items, "threads": args.threads} if args.reduced else {},
         "calibrate": dataclasses.asdict(cp), "wall_s": round(wall, 1), "load_avg_1m_at_end": os.getloadavg()[0],
         "machine": f"{platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cpus".strip(),
     })

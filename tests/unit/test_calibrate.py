@@ -26,7 +26,7 @@ from clap.errors import ClapError
 from conftest import write_tiny_admitted
 
 ROOT = Path(__file__).resolve().parents[2]
-FAULTS = ["relabel", "loss_on_prompt", "lr_zero", "nan"]  # dirty_* differ from relabel only in the data (tested below)
+FAULTS = ["loss_on_prompt", "lr_zero", "nan"]  # the data faults differ from a clean run only in sft.parquet (tested below)
 CLEAN_SEEDS = [1, 2]
 
 
@@ -54,7 +54,10 @@ def test_derange_rows_changes_exactly_the_chosen_fraction_and_is_seeded():
 def test_relabel_moves_every_answer_with_its_cited_doc_and_keeps_the_questions(tmp_path):
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=2, seed=0, n_combos=16)
     sft = pd.read_parquet(data / "sft.parquet")
-    out = cal.corrupt_sft(sft, "relabel", 0.3, seed=9)
+    copy, changed = cal.prepare_batch(data, tmp_path / "run", cal.Variant("relabel", 9), _cp())
+    out = pd.read_parquet(copy / "sft.parquet")
+    assert changed == 16 and out.equals(cal.corrupt_sft(sft, "relabel", 0.3, seed=9))
+    assert pd.read_parquet(data / "sft.parquet").equals(sft) and (copy / "eval.parquet").read_bytes() == (data / "eval.parquet").read_bytes()
     assert cal.rows_changed(sft, out, cal.RELABEL_COLUMNS) == 16
     assert out[["item_id", "question", "context_doc_ids"]].equals(sft[["item_id", "question", "context_doc_ids"]])
     pairs = set(zip(sft["evidence"], sft["evidence_doc_id"]))
@@ -86,7 +89,7 @@ def test_each_training_fault_sets_its_knob_and_the_run_gets_its_own_seed_and_che
 # --- the loop on the tiny model (one calibration, several assertions) --------------------------
 def _tiny_params(path: Path, tiny_base: Path) -> Path:
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
-    p["train"].update(torch_threads=1, max_steps=3, batch_size=2, max_length=512, save_steps=1000, lr=1e-2, warmup_ratio=0.0)
+    p["train"].update(torch_threads=1, max_steps=2, batch_size=2, max_length=512, save_steps=1000, lr=1e-2, warmup_ratio=0.0)
     p["detector"].update(pilot_items=2, every_steps=1, probe_draw=1)
     p["eval"].update(batch_size=8, max_new_tokens=8)
     p["calibrate"].update(faults=FAULTS, fault_seeds=[5], clean_seeds=CLEAN_SEEDS, nan_at_step=2)
@@ -114,7 +117,7 @@ def test_table_has_one_row_per_run_and_flat_metrics(calibrated):
     table = [line for line in (reports / "calibration.md").read_text().splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(expected) and all(line.count(" | ") == table[0].count(" | ") for line in table)
     assert all(isinstance(v, (int, float, str, bool)) for v in metrics.values())
-    assert metrics["runs"] == 6 and metrics["fault_runs"] == 4 and metrics["clean_runs"] == 2
+    assert metrics["runs"] == 5 and metrics["fault_runs"] == 3 and metrics["clean_runs"] == 2
     assert {metrics[f"{name}_decision"] for name in expected} <= {"promote", "canary", "hold", "reject"}
     assert sorted(p.stem for p in (reports / "curves").glob("*.csv")) == sorted(expected)
 
@@ -136,7 +139,7 @@ def test_faults_show_their_deterministic_signatures(calibrated):
     assert lr0["health"] == "ok" and lr0["probe_loss_end"] == lr0["probe_loss_start"] and lr0["b"] == lr0["c"] == 0
     assert lr0["decision"] == "reject" and lr0["rule"] == "quality"
     assert runs["loss_on_prompt-5"]["masked_tokens_fraction"] == 0.0 < runs["clean-1"]["masked_tokens_fraction"]
-    assert runs["relabel-5"]["rows_changed"] == 8 and runs["clean-1"]["rows_changed"] == 0
+    assert runs["clean-1"]["rows_changed"] == 0
     assert runs["clean-1"]["probe_loss_end"] != runs["clean-2"]["probe_loss_end"]  # the seeds make different runs
 
 
@@ -151,7 +154,7 @@ def test_recorded_curves_replay_to_the_live_detector(calibrated):
 
 
 def test_a_released_fault_fails_loudly(monkeypatch, tmp_path, capsys):
-    row = dict(run="relabel-5", fault="relabel", seed=5, rows_changed=8, health="ok", steps=3, planned_steps=3, detector_alarm_step=-1,
+    row = dict(run="relabel-5", fault="relabel", seed=5, rows_changed=8, health="ok", steps=2, planned_steps=2, detector_alarm_step=-1,
                alarm_fraction=-1.0, detector_max_log_e=0.1, detector_log_threshold=3.0, train_loss_start=1.0, train_loss_end=0.5,
                probe_loss_start=1.0, probe_loss_end=0.9, masked_tokens_fraction=0.8, baseline_pass_rate=0.2, candidate_pass_rate=0.5,
                b=9, c=0, delta=0.3, pvalue=0.002, decision="promote", rule="quality", released=True, failed=True)
