@@ -43,12 +43,12 @@ def reduce(cp: cal.CalibrateParams, loop: cal.LoopParams, args: argparse.Namespa
     return cp, dataclasses.replace(loop, train=dataclasses.replace(loop.train, **train))
 
 
-def batch_copy(admitted: Path, work: Path, eval_items: int) -> Path:
-    """The admitted batch (copied), keeping the first ``eval_items`` held-out items when > 0."""
+def batch_copy(admitted: Path, work: Path, held_out_items: int) -> Path:
+    """The admitted batch (copied), keeping the first ``held_out_items`` eval and probe items when > 0."""
     out = work / "batch" / admitted.name
     shutil.copytree(admitted, out)
-    if eval_items > 0:
-        io.write_parquet(out / "eval.parquet", io.read_parquet(admitted / "eval.parquet").head(eval_items))
+    for name in ("eval.parquet", "probe.parquet") if held_out_items > 0 else ():
+        io.write_parquet(out / name, io.read_parquet(admitted / name).head(held_out_items))
     return out
 
 
@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/calibration", help="writes <out>.md and <out>.json")
     ap.add_argument("--reduced", action="store_true", help="smoke run: apply the overrides below")
     ap.add_argument("--max-steps", type=int, default=0, help="(--reduced) cap optimizer steps per run")
-    ap.add_argument("--eval-items", type=int, default=0, help="(--reduced) first N held-out items only")
+    ap.add_argument("--eval-items", type=int, default=0, help="(--reduced) first N eval and N probe items only")
     ap.add_argument("--threads", type=int, default=0, help="(--reduced) torch threads for training (default: params)")
     ap.add_argument("--faults", nargs="*", help="(--reduced) faults to run (default: params)")
     ap.add_argument("--clean-seeds", nargs="*", type=int, help="(--reduced) clean seeds (default: params)")

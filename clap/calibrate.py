@@ -38,7 +38,7 @@ from clap.detector import DetectorParams
 from clap.diagnosis import curves_csv
 from clap.errors import ClapError
 from clap.evaluation import EvalParams, ModelSpec, adapter_sha256, evaluate
-from clap.gating import DECISION_CODE, GateParams, run_gate
+from clap.gating import DECISION_CODE, GateParams, GateResult, run_gate
 from clap.model import ADAPTER_FILE
 from clap.prompt import ANSWER_FIELDS
 from clap.scoring import ScoringParams
@@ -93,6 +93,7 @@ class Variant:
 
     @property
     def name(self) -> str:
+        """``<fault>-<seed>``: the run's name in the table, metrics keys and file names."""
         return f"{self.fault}-{self.seed}"
 
 
@@ -131,9 +132,11 @@ def derange_rows(frame: pd.DataFrame, columns: Sequence[str], fraction: float, r
     if n < 2:
         return out
     chosen = rng.permutation(len(frame))[:n]
-    cols = list(columns)
-    out.iloc[chosen, [out.columns.get_loc(c) for c in cols]] = frame.iloc[np.roll(chosen, -1)][cols].to_numpy()
-    return out.astype(frame.dtypes.to_dict())
+    for col in columns:  # column by column: each keeps its dtype
+        values = frame[col].to_numpy(copy=True)
+        values[chosen] = frame[col].to_numpy()[np.roll(chosen, -1)]
+        out[col] = values
+    return out
 
 
 def rows_changed(before: pd.DataFrame, after: pd.DataFrame, columns: Sequence[str]) -> int:
@@ -189,7 +192,7 @@ def candidate_spec(adapter_dir: Path) -> ModelSpec | None:
 
 
 def gate_run(base_eval: tuple[pd.DataFrame, pd.DataFrame], cand: ModelSpec | None, base_dir: Path, items: pd.DataFrame, kb: pd.DataFrame,
-             record: dict[str, Any], lp: LoopParams):
+             record: dict[str, Any], lp: LoopParams) -> GateResult:
     """Eval the candidate on the held-out items and decide with the real gate (baseline: base)."""
     specs = [ModelSpec("base", None, "", "")] + ([cand] if cand else [])
     scored, timings = base_eval
@@ -200,7 +203,7 @@ def gate_run(base_eval: tuple[pd.DataFrame, pd.DataFrame], cand: ModelSpec | Non
     return run_gate(scored, timings, meta, record, {"admitted": 1}, lp.gate)
 
 
-def table_row(variant: Variant, changed: int, record: dict[str, Any], gate, cp: CalibrateParams) -> dict[str, Any]:
+def table_row(variant: Variant, changed: int, record: dict[str, Any], gate: GateResult, cp: CalibrateParams) -> dict[str, Any]:
     """One table row: the fault, training health and detector, held-out numbers, the decision."""
     n = gate.numbers
     keys = ("health", "steps", "planned_steps", "detector_alarm_step", "alarm_fraction", "detector_max_log_e", "detector_log_threshold",
