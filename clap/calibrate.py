@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import logging
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -44,7 +43,6 @@ from clap.prompt import ANSWER_FIELDS
 from clap.scoring import ScoringParams
 from clap.training import TrainParams, admitted, train_batch
 
-log = logging.getLogger(__name__)
 CLEAN = "clean"
 DATA_FAULTS = ("relabel", "dirty_values", "dirty_evidence")
 FAULTS = (*DATA_FAULTS, "loss_on_prompt", "lr_zero", "nan")
@@ -223,6 +221,7 @@ def run_variant(admitted_dir: Path, base_dir: Path, run_dir: Path, variant: Vari
     result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector)
     items, kb = io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "kb.parquet")
     gate = gate_run(base_eval, candidate_spec(run_dir / "adapter"), base_dir, items, kb, result.record, lp)
+    shutil.rmtree(run_dir)  # adapter and checkpoints: ~0.1-0.2 GB a run on the real base; the row and curves are kept
     gc.collect()  # each run loads a model; free it before the next
     return table_row(variant, changed, result.record, gate, cp), result.curves
 
