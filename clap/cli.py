@@ -114,6 +114,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("admitted", type=Path, help="an admitted batch folder, e.g. data/admitted/2026-01 (read only)")
+    p.add_argument("--base", type=Path, default=Path("models/base"), help="base model folder (default: models/base)")
+    p.add_argument("--report-dir", type=Path, default=Path("reports/calibration"), help="table, runs and curves (default: reports/calibration)")
+    p.add_argument("--metrics", type=Path, default=Path("metrics/calibration.json"), help="flat metrics (default: metrics/calibration.json)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: the hub is never contacted
+    from clap import calibrate as cal
+
+    cp, loop = cal.load_params(args.params)
+    with tempfile.TemporaryDirectory(prefix="clap-calibrate-") as work:
+        result = cal.calibrate(args.admitted, args.base, work, cp, loop, on_row=lambda r: print(f"{r['run']}: health {r['health']}, {r['decision']} ({r['rule']})"))
+    cal.write_outputs(result, args.report_dir, args.metrics, args.admitted.name)
+    print(f"wrote {args.report_dir / 'calibration.md'} and {args.metrics}")
+    if not result.summary["no_fault_released"]:
+        print(f"error: {result.summary['faults_released']} fault run(s) would be released ({result.summary['fail_on']})", file=sys.stderr)
+        return 1
+    return 0
+
+
 # name -> (help, declare arguments, run)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "demo-data": ("generate the deterministic demo raw batches (data/raw/<batch>/)", _demo_data_args, _demo_data),
@@ -123,6 +149,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
     "rollback": ("return production to the previous release", lambda p: None, _rollback),
     "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
     "serve": ("serve the production adapter's application chain over HTTP (POST /answer, GET /health)", _serve_args, _serve),
+    "calibrate": ("run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released", _calibrate_args, _calibrate),
 }
 
 
