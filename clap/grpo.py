@@ -100,13 +100,13 @@ def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, device: str):
     """
     from peft import LoraConfig, PeftModel
 
-    model = load_train_model(base_dir, "bf16-lora" if device == "cuda" else "fp32-lora", device)
-    if p.start_from == "base":
-        return model, LoraConfig(r=p.lora_r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout,
-                                 target_modules=list(p.target_modules), task_type="CAUSAL_LM", bias="none")
-    if not (sft_dir / ADAPTER_FILES[0]).exists():
+    if p.start_from == "sft" and not (sft_dir / ADAPTER_FILES[0]).exists():
         raise ClapError("grpo.start_from is sft but the batch has no SFT adapter (not trained?)", file=sft_dir, rule="missing_adapter")
-    return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
+    model = load_train_model(base_dir, "bf16-lora" if device == "cuda" else "fp32-lora", device)
+    if p.start_from == "sft":
+        return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
+    return model, LoraConfig(r=p.lora_r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout,
+                             target_modules=list(p.target_modules), task_type="CAUSAL_LM", bias="none")
 
 
 def save_adapter(trainer, adapter_dir: Path) -> str:

@@ -21,7 +21,6 @@ from transformers import TrainerCallback
 from clap.diagnosis import as_text_if_nonfinite
 from clap.grpo_policy import GrpoThresholds
 
-CURVE_COLUMNS = ("step", "kl", "reward", "reward_std", "completion_length", "clipped_ratio", "frac_reward_zero_std", "loss", "grad_norm")
 LOG_KEYS = {"kl": "kl", "reward": "reward", "reward_std": "reward_std", "completion_length": "completions/mean_length",
             "clipped_ratio": "completions/clipped_ratio", "frac_reward_zero_std": "frac_reward_zero_std", "loss": "loss", "grad_norm": "grad_norm"}
 SIGNALS = ("nonfinite", "kl_peak", "kl_trend", "reward_collapse", "zero_variance", "reward_plateau", "length_drift", "clipped")
@@ -152,19 +151,6 @@ def trajectory_summary(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> dic
         "length_drift": lengths[-1] / lengths[0] - 1.0 if lengths and lengths[0] > 0 else nan,
         "clipped_ratio_max": max(clipped) if clipped else nan,
     }
-
-
-def curves_csv(rows: Sequence[dict[str, Any]]) -> str:
-    """The probe curves as CSV text (empty cell: no value logged at that step)."""
-    def cell(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return repr(v) if math.isfinite(v) else str(v).lower()
-        return str(v)
-
-    lines = [",".join(CURVE_COLUMNS)] + [",".join(cell(r.get(c)) for c in CURVE_COLUMNS) for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def inject_lora_noise(model, std: float, seed: int) -> int:

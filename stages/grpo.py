@@ -22,8 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from clap import io, params  # noqa: E402
 from clap.errors import ClapError  # noqa: E402
 from clap.grpo import run_probe  # noqa: E402
-from clap.grpo_diagnosis import curves_csv  # noqa: E402
-from clap.grpo_policy import GrpoParams  # noqa: E402
+from clap.grpo_policy import GrpoParams, curves_csv  # noqa: E402
 from clap.scoring import ScoringParams  # noqa: E402
 
 USAGE = "usage: python stages/grpo.py ADMITTED_DIR ADMIT_JSON BASE_DIR SFT_ADAPTER_DIR GRPO_ADAPTER_DIR METRICS_JSON CURVES_CSV"
