@@ -1,4 +1,4 @@
-"""The GRPO probe's light side: params, static verdict, curves file, and what the gate and summary make of a probe.
+"""The GRPO probe's light side: params, static verdict, curve columns, and what the gate and summary make of a probe.
 
 Kept free of torch/transformers imports so the gate and summary stages stay light;
 the probe run itself is :mod:`clap.grpo`, its runtime signals :mod:`clap.grpo_diagnosis`.
@@ -6,7 +6,6 @@ the probe run itself is :mod:`clap.grpo`, its runtime signals :mod:`clap.grpo_di
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -84,19 +83,6 @@ def static_verdict(admit: Mapping[str, Any], file: Path | str) -> dict[str, Any]
     passed = all(int(admit[f"{k}_passed"]) == 1 for k in STATIC_KEYS)
     return {"admitted": int(admit["admitted"]), "static_verdict": "pass" if passed else "fail",
             **{f"static_{k}": float(admit[k]) for k in STATIC_KEYS}}
-
-
-def curves_csv(rows: Sequence[dict[str, Any]]) -> str:
-    """The probe curves as CSV text (empty cell: no value logged at that step)."""
-    def cell(v: Any) -> str:
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return repr(v) if math.isfinite(v) else str(v).lower()
-        return str(v)
-
-    lines = [",".join(CURVE_COLUMNS)] + [",".join(cell(r.get(c)) for c in CURVE_COLUMNS) for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 # --- gate and summary ---------------------------------------------------------------------

@@ -20,9 +20,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from clap import io, params  # noqa: E402
+from clap.diagnosis import curves_csv  # noqa: E402
 from clap.errors import ClapError  # noqa: E402
 from clap.grpo import run_probe  # noqa: E402
-from clap.grpo_policy import GrpoParams, curves_csv  # noqa: E402
+from clap.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
 from clap.scoring import ScoringParams  # noqa: E402
 
 USAGE = "usage: python stages/grpo.py ADMITTED_DIR ADMIT_JSON BASE_DIR SFT_ADAPTER_DIR GRPO_ADAPTER_DIR METRICS_JSON CURVES_CSV"
@@ -35,7 +36,7 @@ def run(data_dir: Path, admit_json: Path, base_dir: Path, sft_dir: Path, adapter
     if not result.is_main:
         return None
     io.write_json(metrics_path, result.record)
-    io.atomic_write_text(curves_path, curves_csv(result.curves))
+    io.atomic_write_text(curves_path, curves_csv(result.curves, CURVE_COLUMNS))
     return result.record
 
 

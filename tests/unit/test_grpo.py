@@ -11,7 +11,8 @@ from conftest import write_tiny_admitted
 from clap import io, params
 from clap.errors import ClapError
 from clap.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
-from clap.grpo_policy import CURVE_COLUMNS, GrpoParams, curves_csv
+from clap.diagnosis import curves_csv
+from clap.grpo_policy import CURVE_COLUMNS, GrpoParams
 from clap.scoring import ScoringParams, reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path):
     assert rec["kl_peak"] < rec["threshold_max_kl"] and rec["beta"] > 0 and rec["wall_s"] > 0
     assert all(isinstance(v, (int, float, str, bool)) for v in rec.values())  # flat, JSON-safe (io.write_json refuses NaN)
     io.write_json(tmp_path / "rec.json", rec)
-    lines = curves_csv(res.curves).splitlines()
+    lines = curves_csv(res.curves, CURVE_COLUMNS).splitlines()
     assert lines[0] == ",".join(CURVE_COLUMNS) and len(lines) == 3 and all(lines[i].split(",")[1] != "" for i in (1, 2))  # KL logged every step
 
 

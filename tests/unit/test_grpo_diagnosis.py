@@ -7,7 +7,8 @@ import math
 import pytest
 
 from clap.grpo_diagnosis import curve_row, first_signal, slope, trajectory_summary
-from clap.grpo_policy import CURVE_COLUMNS, GrpoThresholds, curves_csv
+from clap.diagnosis import curves_csv
+from clap.grpo_policy import CURVE_COLUMNS, GrpoThresholds
 
 T = GrpoThresholds(max_kl=1.0, kl_window=3, max_kl_slope=0.1, max_reward_drop=0.3, zero_std_patience=3, plateau_window=4,
                    plateau_tol=0.0, max_length_drift=0.5, max_clipped_ratio=0.5, clipped_patience=2)
@@ -74,7 +75,7 @@ def test_summary_and_csv():
     s = trajectory_summary(rows, T)
     assert (s["kl_peak"], s["kl_peak_step"]) == (2.0, 2) and math.isnan(s["kl_final"])
     assert (s["reward_first"], s["reward_final"], s["reward_max"]) == (0.2, 0.3, 0.4) and s["length_drift"] == pytest.approx(1.0)
-    text = curves_csv([*rows, {"step": 4}])
+    text = curves_csv([*rows, {c: None for c in CURVE_COLUMNS} | {"step": 4}], CURVE_COLUMNS)
     lines = text.splitlines()
     assert lines[0] == ",".join(CURVE_COLUMNS) and lines[3].split(",")[1] == "nan" and lines[4] == "4" + "," * (len(CURVE_COLUMNS) - 1)
     assert math.isnan(trajectory_summary([], T)["kl_peak"]) and slope([1.0]) == 0.0
