@@ -23,6 +23,7 @@ import pandas as pd
 
 from clap import io
 from clap import model as mdl
+from clap.admission import gold_answer
 from clap.context import item_docs, kb_bodies
 from clap.diagnosis import as_text_if_nonfinite
 from clap.errors import ClapError
@@ -70,10 +71,8 @@ def probe_rows(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict[str, Any]]:
     bodies = kb_bodies(kb)
     rows = []
     for row in items.to_dict("records"):
-        docs = item_docs(row, bodies)
-        gold = {"metric": row["metric"], "value": float(row["value"]), "unit": row["unit"], "line": row["line"],
-                "shift": row["shift"], "date": str(row["date"]), "evidence": row["evidence"]}
-        rows.append({"prompt": build_messages(row["question"], docs), "gold": format_answer(gold), "context": context_text(docs)})
+        docs = item_docs(row, bodies)  # the reference is admit's: the answer its reward-margin check ranks first
+        rows.append({"prompt": build_messages(row["question"], docs), "gold": format_answer(gold_answer(row)), "context": context_text(docs)})
     return rows
 
 
