@@ -252,8 +252,11 @@ def poison_lora(model) -> None:
     raise RuntimeError("no trainable LoRA parameter to poison")
 
 
-def curves_csv(rows: list[dict[str, Any]]) -> str:
-    """The curves as CSV text (empty cells where a column has no value at that step)."""
+def curves_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = CURVE_COLUMNS) -> str:
+    """The curves as CSV text (empty cells where a column has no value at that step).
+
+    ``columns`` defaults to the training curves; the GRPO probe passes its own.
+    """
     def cell(v: Any) -> str:
         if v is None:
             return ""
@@ -261,7 +264,7 @@ def curves_csv(rows: list[dict[str, Any]]) -> str:
             return repr(v) if math.isfinite(v) else str(v).lower()
         return str(v)
 
-    lines = [",".join(CURVE_COLUMNS)] + [",".join(cell(r[c]) for c in CURVE_COLUMNS) for r in rows]
+    lines = [",".join(columns)] + [",".join(cell(r[c]) for c in columns) for r in rows]
     return "\n".join(lines) + "\n"
 
 

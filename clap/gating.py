@@ -195,9 +195,13 @@ def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> d
     }
 
 
-def run_gate(scored: pd.DataFrame, timings: pd.DataFrame, meta: Mapping[str, Any], train: Mapping[str, Any], admit: Mapping[str, Any], p: GateParams) -> GateResult:
-    """Apply the gate policy to one batch's eval records and training/admission records."""
-    checks = [admission_check(admit), health_check(train, p)]
+def run_gate(scored: pd.DataFrame, timings: pd.DataFrame, meta: Mapping[str, Any], train: Mapping[str, Any], admit: Mapping[str, Any], p: GateParams,
+             extra_checks: Sequence[Check] = ()) -> GateResult:
+    """Apply the gate policy to one batch's eval records and training/admission records.
+
+    ``extra_checks`` cap the decision too (e.g. a held GRPO probe when params say it holds SFT).
+    """
+    checks = [admission_check(admit), health_check(train, p), *extra_checks]
     baseline, why = choose_baseline(meta, p)
     numbers: dict[str, Any] = {"baseline": baseline, "baseline_reason": why}
     regressed = pd.DataFrame(columns=["item_id", *SLICES, "output", "output_baseline"])  # none without a candidate

@@ -1,11 +1,13 @@
 """gate: the post-training release decision for one batch, with its evidence bundle.
 
-usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json reports/gate/<b> metrics/gate/<b>.json
+usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
 
 in:  data/eval/<b>/{items,timings}.parquet + manifest.json; the flat training and admission
      records; params.yaml `gate` (the policy) and, for the evidence, `sizes admit train scoring eval`
 out: metrics/gate/<b>.json (flat; decision as text and code: promote 3, canary 2, hold 1, reject 0),
      reports/gate/<b>/evidence.json (hashes, params, commit, regressed samples), reports/gate/<b>/report.md
+with the GRPO probe record: the batch's GRPO-candidate decision (grpo_* fields, evidence["grpo"] with the KL
+evidence, a report section); it caps the SFT decision only when params `grpo.hold_sft_on_hold` is true.
 """
 
 from __future__ import annotations
@@ -13,36 +15,48 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from clap import grpo_policy as grpo
 from clap import io, params
 from clap.errors import ClapError
 from clap.evaluation import read_scored
 from clap.gating import GateParams, evidence_bundle, flat_metrics, render_report, run_gate
 
-USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPORT_DIR METRICS_JSON"
+USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
 EVIDENCE_SECTIONS = ("sizes", "admit", "train", "scoring", "eval", "gate")
 
 
-def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, metrics_path: Path) -> dict:
-    """Decide one batch; write the report folder and the flat metrics; return the metrics."""
+def read_record(path: Path) -> dict:
+    """A flat JSON record (a list or scalar is a corrupt record)."""
+    record = io.read_json(path)
+    if not isinstance(record, dict):
+        raise ClapError("record must be a flat JSON object", file=path, rule="corrupt_record")
+    return record
+
+
+def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, metrics_path: Path, grpo_json: Path | None = None) -> dict:
+    """Decide one batch (and its GRPO candidate, given the probe record); write the report folder and metrics."""
     p = params.section("gate", GateParams)
     scored, timings, meta = read_scored(eval_dir)
-    train, admit = io.read_json(train_json), io.read_json(admit_json)
-    for path, record in ((train_json, train), (admit_json, admit)):
-        if not isinstance(record, dict):
-            raise ClapError("record must be a flat JSON object", file=path, rule="corrupt_record")
-    result = run_gate(scored, timings, meta, train, admit, p)
-    used = {name: params.raw_section(name) for name in EVIDENCE_SECTIONS}
+    train, admit = read_record(train_json), read_record(admit_json)
+    probe = read_record(grpo_json) if grpo_json else None
+    extra = grpo.sft_checks(probe, params.section("grpo", grpo.GrpoParams)) if probe else []
+    result = run_gate(scored, timings, meta, train, admit, p, extra)
+    used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
     evidence = evidence_bundle(result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p)
+    report, metrics = render_report(evidence), flat_metrics(result)
+    if probe:
+        evidence["grpo"] = grpo.evidence_section(probe, io.sha256_file(grpo_json))
+        report += grpo.report_section(probe)
+        metrics.update(grpo.gate_fields(probe))
     with io.atomic_dir(report_dir) as tmp:
         io.write_json(tmp / "evidence.json", evidence)
-        io.atomic_write_text(tmp / "report.md", render_report(evidence))
-    metrics = flat_metrics(result)
+        io.atomic_write_text(tmp / "report.md", report)
     io.write_json(metrics_path, metrics)
     return metrics
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 5:
+    if len(argv) not in (5, 6):
         print(USAGE, file=sys.stderr)
         return 2
     try:

@@ -2,8 +2,10 @@
 
 usage: python stages/summary.py metrics reports/summary.md metrics/summary.json plots/summary.csv
 
-in:  metrics/eval/<b>.json and metrics/gate/<b>.json for each batch; params.yaml `batches`, `summary`
-out: reports/summary.md (table, mean, regressed batches, decision counts), metrics/summary.json (flat),
+in:  metrics/eval/<b>.json and metrics/gate/<b>.json for each batch; params.yaml `batches`, `summary`;
+     metrics/grpo/<b>.json for each batch when metrics/grpo exists (the GRPO probe stage ran)
+out: reports/summary.md (table, mean, regressed batches, decision counts; GRPO static vs runtime per batch),
+     metrics/summary.json (flat),
      plots/summary.csv (per-batch deltas for `dvc plots`)
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from clap import grpo_policy as grpo
 from clap import io, params
 from clap.errors import ClapError
 from clap.summary import SummaryParams, batch_row, plot_frame, render_markdown, summarize
@@ -27,7 +30,12 @@ def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) 
         raise ClapError("params `batches` must be a non-empty list", file="params.yaml", column="batches", rule="bad_params")
     rows = [batch_row(metrics_dir, str(b), p) for b in batches]
     flat = summarize(rows, p)
-    io.atomic_write_text(report_md, render_markdown(rows, flat, p))
+    markdown = render_markdown(rows, flat, p)
+    if (metrics_dir / "grpo").is_dir():  # static admission vs the runtime probe, per batch
+        probes = [grpo.static_runtime_row(metrics_dir, str(b)) for b in batches]
+        flat.update(grpo.summary_fields(probes))
+        markdown += grpo.render_static_runtime(probes)
+    io.atomic_write_text(report_md, markdown)
     io.write_json(summary_json, flat)
     io.atomic_write_text(plot_csv, plot_frame(rows, p).to_csv(index=False, lineterminator="\n"))
     return flat

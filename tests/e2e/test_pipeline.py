@@ -47,6 +47,7 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["train"].update(max_steps=6, save_steps=3)
     p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
     p["eval"].update(batch_size=8, max_new_tokens=24)
+    p["grpo"].update(enabled=[BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8)
     for section, key, value in (("replay", "max_new_tokens", 24), ("chain", "max_new_tokens", 24)):
         if section in p and key in p[section]:
             p[section][key] = value
@@ -91,6 +92,9 @@ def test_dvc_repro_runs_every_stage_then_is_a_noop(tiny_repo):
     gate = json.loads((tiny_repo / f"metrics/gate/{BATCH}.json").read_text())
     assert gate["decision"] in {"promote", "canary", "hold", "reject"}
     assert (tiny_repo / f"reports/gate/{BATCH}/report.md").read_text().strip()
+    probe = json.loads((tiny_repo / f"metrics/grpo/{BATCH}.json").read_text())
+    assert probe["run"] == 1 and probe["steps"] >= 1 and probe["static_verdict"] in {"pass", "fail"}
+    assert gate["grpo_decision"] == "hold" and "GRPO probe: static admission vs runtime" in (tiny_repo / "reports/summary.md").read_text()
 
     start = time.perf_counter()
     again = _dvc(tiny_repo, "repro")

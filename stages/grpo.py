@@ -1,0 +1,67 @@
+"""grpo: the GRPO failure-boundary probe of one batch, with runtime risk diagnosis (KL, reward, length).
+
+usage: python stages/grpo.py data/admitted/<b> metrics/admit/<b>.json models/base models/adapters/<b> models/grpo/<b> metrics/grpo/<b>.json plots/grpo/<b>.csv
+
+in:  data/admitted/<b>/{grpo,kb}.parquet; metrics/admit/<b>.json (static verdict on D_grpo); models/base;
+     models/adapters/<b> (the start policy when grpo.start_from is sft); params.yaml `grpo`, `scoring`
+out: models/grpo/<b>/ (the probe's adapter; not_run.json when disabled or not admitted),
+     metrics/grpo/<b>.json (flat: static vs runtime verdict, KL peak, reward, length drift, stop reason, health),
+     plots/grpo/<b>.csv (step, kl, reward, reward_std, completion_length, clipped_ratio, frac_reward_zero_std, loss, grad_norm)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from clap import io, params  # noqa: E402
+from clap.diagnosis import curves_csv  # noqa: E402
+from clap.errors import ClapError  # noqa: E402
+from clap.grpo import run_probe  # noqa: E402
+from clap.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
+from clap.scoring import ScoringParams  # noqa: E402
+
+USAGE = "usage: python stages/grpo.py ADMITTED_DIR ADMIT_JSON BASE_DIR SFT_ADAPTER_DIR GRPO_ADAPTER_DIR METRICS_JSON CURVES_CSV"
+
+
+def run(data_dir: Path, admit_json: Path, base_dir: Path, sft_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path) -> dict | None:
+    """Probe one batch; rank 0 writes the record and curves and gets the record back."""
+    p, sp = params.section("grpo", GrpoParams), params.section("scoring", ScoringParams)
+    result = run_probe(data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp)
+    if not result.is_main:
+        return None
+    io.write_json(metrics_path, result.record)
+    io.atomic_write_text(curves_path, curves_csv(result.curves, CURVE_COLUMNS))
+    return result.record
+
+
+def summary_line(batch: str, r: dict) -> str:
+    """One human line about the probe (values may be the string 'nan')."""
+    if not r["run"]:
+        return f"grpo {batch}: not run ({r['stop_reason']}); static {r['static_verdict']}"
+    return (f"grpo {batch}: {r['steps']}/{r['planned_steps']} steps, static {r['static_verdict']} vs runtime {r['runtime_verdict']} "
+            f"({r['stop_reason']}), KL peak {r['kl_peak']}, reward {r['reward_first']} -> {r['reward_final']}, {r['wall_s']} s")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 7:
+        print(USAGE, file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        record = run(*(Path(a) for a in argv))
+    except ClapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if record is not None:
+        print(summary_line(Path(argv[0]).name, record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
