@@ -54,8 +54,11 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     broken = stage("gate", eval_dir, tmp_path / "missing-train.json", tmp_path / "admit.json", report, tmp_path / "g.json")
     assert broken.returncode == 2 and broken.stderr.startswith("error:") and "Traceback" not in broken.stderr
 
+    # training and replay records as those stages write them (their own smoke tests run them)
+    io.write_json(metrics / "train" / f"{batch}.json", {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0})
+    io.write_json(metrics / "replay" / f"{batch}.json", {"final_decision": decision["decision"], "final_rule": "gate"})
     for other in params.raw_section("batches", ROOT / "params.yaml"):  # the summary covers every configured batch
-        for kind in ("eval", "gate"):
+        for kind in ("eval", "gate", "train", "replay"):
             if other != batch:
                 shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
     out = stage("summary", metrics, tmp_path / "summary.md", tmp_path / "summary.json", tmp_path / "summary.csv")
