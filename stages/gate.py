@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from clap import io, params
+from clap import determinism, io, params
 from clap.errors import ClapError
 from clap.evaluation import read_scored
 from clap.gating import GateParams, evidence_bundle, flat_metrics, render_report, run_gate
@@ -36,7 +36,7 @@ def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, me
     with io.atomic_dir(report_dir) as tmp:
         io.write_json(tmp / "evidence.json", evidence)
         io.atomic_write_text(tmp / "report.md", render_report(evidence))
-    metrics = flat_metrics(result)
+    metrics = {**flat_metrics(result), **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams))}
     io.write_json(metrics_path, metrics)
     return metrics
 
