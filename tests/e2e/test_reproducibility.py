@@ -141,7 +141,8 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
         assert list(target.parent.glob(f".{target.name}.*.tmp")), f"{stage} was not killed mid-write:\n{killed.stderr[-2000:]}"
         _assert_no_partial_outputs(tiny_repo, tmp_path / "committed", vf.outs(lock, f"{stage}@{BATCH}"), vp)
 
-    rerun = subprocess.Popen([_dvc_bin(), "repro"], cwd=tiny_repo, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # --no-run-cache: the killed stages really run again (train resumes) instead of being restored
+    rerun = subprocess.Popen([_dvc_bin(), "repro", "--no-run-cache"], cwd=tiny_repo, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_stage_process(rerun)
         concurrent = run_dvc(tiny_repo, "repro")  # same workspace, while the first holds the lock
