@@ -140,6 +140,21 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="a commit (every batch it ran) or a batch name (that batch at HEAD)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary checkout for inspection")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from clap import params
+    from clap.verify import VerifyParams, render_table, verify
+
+    result = verify(Path.cwd(), args.target, params.section("verify", VerifyParams), keep=args.keep,
+                    log=lambda line: print(line, file=sys.stderr))
+    print(render_table(result))
+    return 1 if result.failures else 0
+
+
 # name -> (help, declare arguments, run)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "demo-data": ("generate the deterministic demo raw batches (data/raw/<batch>/)", _demo_data_args, _demo_data),
@@ -150,6 +165,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Cal
     "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
     "serve": ("serve the production adapter's application chain over HTTP (POST /answer, GET /health)", _serve_args, _serve),
     "calibrate": ("run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released", _calibrate_args, _calibrate),
+    "verify": ("re-run a committed batch from a clean checkout and compare decisions, metrics and hashes", _verify_args, _verify),
 }
 
 

@@ -2,17 +2,27 @@
 
 Every writer goes through a temporary file (or folder) in the destination's directory and
 ``os.replace``: a stage killed at any point leaves either the old file or nothing, never a
-half-written file at a final path.
+half-written file at a final path. Temporaries are named ``.<name>.<pid>.<random>.tmp``; the
+next write of the same path removes those whose process is gone (left by a killed run).
+
+Fault injection (crash-safety tests): ``CLAP_CRASH_BEFORE_RENAME`` holds comma-separated
+fnmatch patterns; a write whose final (absolute) path matches one SIGKILLs its own process after the
+temporary is complete and before the rename, the moment a non-atomic writer would leave a
+partial file behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import glob
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,19 +36,52 @@ from clap.errors import ClapError
 # mkstemp/mkdtemp create owner-only entries; published outputs get the usual umask modes.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+CRASH_ENV = "CLAP_CRASH_BEFORE_RENAME"
+_TEMP_TAIL = re.compile(r"(\d+)\.[A-Za-z0-9_]+\.tmp")  # <pid>.<mkstemp random>.tmp
+
+
+def _crash_point(path: Path) -> None:
+    """SIGKILL this process if ``path`` matches a pattern in ``$CLAP_CRASH_BEFORE_RENAME`` (tests only)."""
+    patterns = [p for p in os.environ.get(CRASH_ENV, "").split(",") if p]
+    if any(fnmatch.fnmatch(path.absolute().as_posix(), p) for p in patterns):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _temp_prefix(path: Path) -> str:
+    """Prefix of ``path``'s temporaries; sweeps those a killed process left behind first."""
+    head = f".{path.name}."
+    for stale in path.parent.glob(f"{glob.escape(head)}*.tmp"):
+        own = _TEMP_TAIL.fullmatch(stale.name[len(head):])  # not another name's temp (".x.json.*" under ".x.")
+        if own and not _alive(int(own.group(1))):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+    return f"{head}{os.getpid()}."
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
+        _crash_point(path)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -117,10 +160,11 @@ def atomic_dir(path: Path | str) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_UMASK)
+        _crash_point(path)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -380,7 +380,20 @@ def write_adapter(src: Path, adapter_dir: Path) -> str:
         for p in sorted(src.iterdir()):
             if p.is_file() and not p.name.startswith(("training_args", "README")):
                 shutil.copy2(p, tmp / p.name)
+        canonical_adapter_config(tmp / ADAPTER_FILES[1])
     return io.sha256_file(adapter_dir / ADAPTER_FILES[0])
+
+
+def canonical_adapter_config(path: Path) -> None:
+    """Rewrite peft's adapter_config.json with ``target_modules`` sorted.
+
+    peft keeps target_modules as a set and writes it in string-hash order, which changes with
+    PYTHONHASHSEED from run to run: without this the adapter folder is not byte-identical.
+    """
+    config = io.read_json(path)
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    io.write_json(path, config)
 
 
 def write_skipped_adapter(adapter_dir: Path, reason: str) -> None:

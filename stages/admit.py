@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from clap import io, params
+from clap.determinism import frame_hashes
 from clap.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
 from clap.errors import ClapError
 from clap.normalize import NormalizeParams, build_vocab
@@ -44,7 +45,7 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
         for name, df in frames.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
         io.write_json(tmp / "admission.json", result.record)
-    io.write_json(metrics_path, {**result.metrics, "seconds": round(time.perf_counter() - started, 3)})
+    io.write_json(metrics_path, {**result.metrics, **frame_hashes(out_dir, frames), "seconds": round(time.perf_counter() - started, 3)})
     return result.record
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandera.pandas as pa
 
 from clap import io, params
+from clap.determinism import frame_hashes
 from clap.assetize import AssetizeParams, assetize_batch, batch_metrics
 from clap.errors import ClapError
 from schemas.assets import SCHEMAS
@@ -35,6 +36,7 @@ def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     with io.atomic_dir(out_dir) as tmp:
         for name, df in frames.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
+    metrics.update(frame_hashes(out_dir, frames))
     metrics["seconds"] = round(time.perf_counter() - started, 3)
     io.write_json(metrics_path, metrics)
     return metrics

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params
+from clap import determinism, io, params
 from clap.errors import ClapError
 from clap.model import default_device
 from clap.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
@@ -30,6 +30,8 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
     """Evaluate every model of one batch; write the eval folder and metrics; return the metrics."""
     started = time.perf_counter()
     ep, sp = params.section("eval", EvalParams), params.section("scoring", ScoringParams)
+    dp = params.section("determinism", determinism.DeterminismParams)
+    determinism.apply(dp)
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
     incumbent = incumbent_spec(pointer, adapter.parent)
     specs = model_specs(adapter, incumbent)
@@ -40,9 +42,18 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         io.write_parquet(tmp / "items.parquet", scored)
         io.write_parquet(tmp / "timings.parquet", timings)
         io.write_json(tmp / "manifest.json", manifest(specs, incumbent, base, admitted, len(items)))
-    metrics = {**flat_metrics(scored, timings, specs), "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    metrics = {**flat_metrics(scored, timings, specs), **determinism.frame_hashes(out_dir, {"items": scored}),
+               **determinism.record(dp, default_device()), "torch_threads": torch_threads(),
+               "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
     io.write_json(metrics_path, metrics)
     return metrics
+
+
+def torch_threads() -> int:
+    """Intra-op threads generation ran with (float sums, hence greedy tokens, can depend on it)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def main(argv: list[str]) -> int:

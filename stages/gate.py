@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from clap import determinism, io, params
 from clap import grpo_policy as grpo
-from clap import io, params
 from clap.errors import ClapError
 from clap.evaluation import read_scored
 from clap.gating import GateParams, evidence_bundle, flat_metrics, render_report, run_gate
@@ -43,7 +43,8 @@ def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, me
     result = run_gate(scored, timings, meta, train, admit, p, extra)
     used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
     evidence = evidence_bundle(result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p)
-    report, metrics = render_report(evidence), flat_metrics(result)
+    report = render_report(evidence)
+    metrics = {**flat_metrics(result), **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams))}
     if probe:
         evidence["grpo"] = grpo.evidence_section(probe, io.sha256_file(grpo_json))
         report += grpo.report_section(probe)

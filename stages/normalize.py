@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from clap import io, params
+from clap.determinism import frame_hashes
 from clap.errors import ClapError
 from clap.normalize import NormalizeParams, load_assets, normalize_batch
 from schemas.normalized import SCHEMAS, validate_frame
@@ -31,7 +32,7 @@ def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     with io.atomic_dir(out_dir) as tmp:
         for name, df in checked.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
-    metrics = {**result.metrics, "seconds": round(time.perf_counter() - started, 3)}
+    metrics = {**result.metrics, **frame_hashes(out_dir, checked), "seconds": round(time.perf_counter() - started, 3)}
     io.write_json(metrics_path, metrics)
     return metrics
 

@@ -20,10 +20,11 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import io, params  # noqa: E402
+from clap import determinism, io, params  # noqa: E402
 from clap.detector import DetectorParams  # noqa: E402
 from clap.diagnosis import curves_csv  # noqa: E402
 from clap.errors import ClapError  # noqa: E402
+from clap.model import default_device  # noqa: E402
 from clap.training import TrainParams, train_batch  # noqa: E402
 
 USAGE = "usage: python stages/train.py ADMITTED_DIR BASE_DIR ADAPTER_DIR METRICS_JSON CURVES_CSV"
@@ -31,9 +32,14 @@ USAGE = "usage: python stages/train.py ADMITTED_DIR BASE_DIR ADAPTER_DIR METRICS
 
 def run(data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path) -> dict | None:
     """Train one batch; rank 0 writes the record and curves and gets the record back."""
+    dp = params.section("determinism", determinism.DeterminismParams)
+    determinism.apply(dp)
     result = train_batch(data_dir, base_dir, adapter_dir, params.section("train", TrainParams), params.section("detector", DetectorParams))
     if not result.is_main:
         return None
+    weights = adapter_dir / "adapter_model.safetensors"
+    logical = determinism.adapter_logical_hash(weights, dp.logical_decimals) if result.record["trained"] else ""
+    result.record.update(determinism.record(dp, default_device()), adapter_logical_sha256=logical)
     io.write_json(metrics_path, result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves))
     return result.record

@@ -110,3 +110,96 @@ def make_tiny_adapter(base_dir: Path, out_dir: Path, seed: int) -> Path:
     config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(load_model(base_dir), config).save_pretrained(out_dir)
     return Path(out_dir)
+
+
+# --- the tiny DVC pipeline (tests/e2e) ----------------------------------------------------
+# The real dvc.yaml on a tiny config (one batch, tiny model, few items), run once per session
+# in a git repository copied from the working tree; every e2e test shares that one run.
+E2E_BATCH = "2026-01"
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def e2e_project_files() -> list[str]:
+    """Tracked and untracked-not-ignored files of the working tree, minus other batches and run outputs."""
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=_ROOT,
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    keep = []
+    for f in filter(None, out):
+        if f.startswith("data/raw/") and not f.startswith(f"data/raw/{E2E_BATCH}/"):
+            continue  # one batch is enough
+        if f.startswith(("metrics/", "reports/", "plots/")) or f == "dvc.lock":
+            continue  # the copy produces its own
+        if (_ROOT / f).is_file():
+            keep.append(f)
+    return keep
+
+
+def tiny_params(params: dict, tiny_base: Path) -> dict:
+    """The repository's params with sizes and budgets shrunk for a seconds-long run."""
+    import json
+
+    p = json.loads(json.dumps(params))
+    p["batches"] = [E2E_BATCH]
+    p["sizes"] = {"sft": 16, "grpo": 4, "eval": 8, "probe": 8, "replay": 6}
+    p["admit"]["min_sizes"] = {"sft": 8, "grpo": 2, "eval": 4, "probe": 4, "replay": 2}
+    p["base"]["model"] = str(tiny_base)
+    p["train"].update(max_steps=6, save_steps=3)
+    p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
+    p["eval"].update(batch_size=8, max_new_tokens=24)
+    p["grpo"].update(enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8)
+    for section, key, value in (("replay", "max_new_tokens", 24), ("chain", "max_new_tokens", 24)):
+        if section in p and key in p[section]:
+            p[section][key] = value
+    return p
+
+
+def e2e_env() -> dict:
+    """Environment of git/dvc in the tiny repository (this interpreter's tools first on PATH)."""
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run_dvc(repo: Path, *args: str, env: dict | None = None):
+    """``dvc <args>`` in ``repo`` (captured output; the caller checks the exit status)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([str(Path(sys.executable).parent / "dvc"), *args], cwd=repo, env=env or e2e_env(),
+                          capture_output=True, text=True, timeout=900)
+
+
+def git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=repo, env=e2e_env(), check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory, tiny_base) -> Path:
+    """A git repository with the project's files and the tiny params (nothing run yet)."""
+    import shutil
+
+    import yaml
+
+    repo = tmp_path_factory.mktemp("e2e") / "repo"
+    for f in e2e_project_files():
+        dest = repo / f
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(_ROOT / f, dest)
+    params = yaml.safe_load((_ROOT / "params.yaml").read_text())
+    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(params, tiny_base), sort_keys=False))
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tiny"]):
+        git(repo, *args)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_repo):
+    """The session's one uninterrupted ``dvc repro`` of the tiny repository (its CompletedProcess)."""
+    return run_dvc(tiny_repo, "repro")

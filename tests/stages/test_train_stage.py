@@ -26,7 +26,7 @@ def _params(tmp: Path, **train) -> None:
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["train"].update(max_steps=4, torch_threads=1, max_length=512, lr=1e-2, save_steps=2, checkpoint_root=str(tmp / "checkpoints"), **train)
     p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
-    (tmp / "params.yaml").write_text(yaml.safe_dump({"train": p["train"], "detector": p["detector"]}))
+    (tmp / "params.yaml").write_text(yaml.safe_dump({"train": p["train"], "detector": p["detector"], "determinism": p["determinism"]}))
 
 
 def _argv(tmp: Path, base: Path, data: Path) -> list[str]:

@@ -72,3 +72,37 @@ def test_sha256_dir_depends_on_names_and_bytes(tmp_path):
     h1 = io.sha256_dir(tmp_path / "d")
     (tmp_path / "d" / "a").write_bytes(b"2")
     assert io.sha256_dir(tmp_path / "d") != h1
+
+
+def test_killed_writer_leaves_no_partial_file_and_the_next_write_sweeps_its_temporary(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    target = tmp_path / "out" / "m.json"
+    code = f"from clap import io; io.write_json({str(target)!r}, {{'a': 1}})"
+    env = {**os.environ, io.CRASH_ENV: "*/out/m.json"}
+    killed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
+    assert killed.returncode == -9 and not target.exists()
+    left = list(target.parent.glob(".m.json.*.tmp"))
+    assert len(left) == 1 and left[0].read_text() == '{\n  "a": 1\n}\n'  # complete, but never published
+    (target.parent / ".m.json.x.json.1.abc.tmp").write_text("another name's")  # not m.json's: kept
+    live = target.parent / f".m.json.{os.getpid()}.abcd1234.tmp"
+    live.write_text("a live writer's")  # its process is running: kept
+    io.write_json(target, {"a": 2})
+    assert io.read_json(target) == {"a": 2}
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["m.json", ".m.json.x.json.1.abc.tmp", live.name])
+
+
+def test_killed_folder_writer_leaves_the_old_folder_or_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "assets"
+    code = f"from clap import io\nwith io.atomic_dir({str(out)!r}) as d:\n    (d / 'a.txt').write_text('new')"
+    killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, io.CRASH_ENV: "*/assets"}, capture_output=True)
+    assert killed.returncode == -9 and not out.exists()
+    with io.atomic_dir(out) as d:
+        (d / "a.txt").write_text("ok")
+    assert [p.name for p in tmp_path.iterdir()] == ["assets"]

@@ -255,3 +255,11 @@ def test_health_check_reads_loss_and_optional_grad_norm():
     state.global_step = 2
     control = diag.on_log(None, state, TrainerControl(), logs={"loss": 1.0, "grad_norm": float("inf"), "num_tokens": 20})
     assert control.should_training_stop and diag.s.health == "nan" and diag.s.stop_step == 2
+
+
+def test_adapter_config_target_modules_are_written_sorted(tmp_path):
+    """peft writes target_modules in set (string-hash) order; the adapter folder must not depend on PYTHONHASHSEED."""
+    path = tmp_path / "adapter_config.json"
+    io.write_json(path, {"target_modules": ["v_proj", "q_proj", "k_proj"], "r": 8})
+    tr.canonical_adapter_config(path)
+    assert io.read_json(path) == {"target_modules": ["k_proj", "q_proj", "v_proj"], "r": 8}

@@ -1,0 +1,115 @@
+"""Determinism: set the knobs that make a re-run byte-identical, and record what a re-run must match.
+
+Seeds and thread counts live in each stage's own params section (``train.seed``,
+``train.torch_threads``, ``admit.seed``, ...); this module adds what is common to every
+model stage (params section ``determinism``): deterministic torch algorithms, the cuBLAS
+workspace setting they need on CUDA, and the record every training, eval and gate record
+carries: the setting, the installed versions of the packages that change output bytes, and
+whether a re-run is expected to be byte-identical (``determinism: bytes``, CPU) or equal
+within a tolerance (``determinism: tolerance``, CUDA: kernels and atomics reorder float
+sums, so adapter bytes can differ between runs; the record then carries a logical hash of
+the weights rounded to ``logical_decimals`` and the tolerance ``clap verify`` applies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from clap import io
+
+
+@dataclasses.dataclass(frozen=True)
+class DeterminismParams:
+    """Params section ``determinism`` (see the comments there)."""
+
+    deterministic_algorithms: bool
+    cublas_workspace_config: str
+    packages: Sequence[str]
+    adapter_abs_tol: float
+    logical_decimals: int
+
+
+def apply(p: DeterminismParams) -> None:
+    """Switch torch to deterministic algorithms (before any CUDA work) when params ask for it."""
+    import torch
+
+    if p.deterministic_algorithms:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", p.cublas_workspace_config)  # read when cuBLAS initialises
+    # warn_only: an op without a deterministic kernel warns instead of failing the run; the
+    # record says `tolerance` on CUDA anyway, so such an op cannot pass as byte-identical.
+    torch.use_deterministic_algorithms(p.deterministic_algorithms, warn_only=True)
+
+
+def versions(packages: Sequence[str]) -> dict[str, str]:
+    """``<package>_version`` of each installed package ("missing" when not installed)."""
+    out = {}
+    for name in packages:
+        try:
+            out[f"{name}_version"] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[f"{name}_version"] = "missing"
+    return out
+
+
+def mode(device: str) -> str:
+    """'bytes' where a re-run is byte-identical (CPU), 'tolerance' where it is not (CUDA)."""
+    return "tolerance" if device.startswith("cuda") else "bytes"
+
+
+def record(p: DeterminismParams, device: str) -> dict[str, Any]:
+    """The flat determinism record merged into training, eval and gate records."""
+    import torch
+
+    return {
+        "deterministic_algorithms": int(torch.are_deterministic_algorithms_enabled()),
+        "determinism": mode(device),
+        "adapter_abs_tol": p.adapter_abs_tol if mode(device) == "tolerance" else 0.0,
+        **versions(p.packages),
+    }
+
+
+def frame_hashes(folder: Path | str, frames: Mapping[str, pd.DataFrame]) -> dict[str, str]:
+    """Flat file and logical hashes of parquet files written from ``frames`` into ``folder``.
+
+    ``sha256_<name>`` is the file hash (changes with pyarrow/pandas versions and platform);
+    ``logical_sha256_<name>`` is :func:`clap.io.logical_hash` of the rows (content only), so a
+    library upgrade that changes bytes but not content is recognizable.
+    """
+    folder = Path(folder)
+    out = {}
+    for name, df in sorted(frames.items()):
+        out[f"sha256_{name}"] = io.sha256_file(folder / f"{name}.parquet")
+        out[f"logical_sha256_{name}"] = io.logical_hash(df)
+    return out
+
+
+def adapter_logical_hash(weights: Path | str, decimals: int) -> str:
+    """sha256 over the adapter's tensors (sorted names, shapes, values rounded to ``decimals``).
+
+    Independent of safetensors serialization; with rounding it names the content of a CUDA
+    run whose low bits vary (a value on a rounding boundary can still flip it: ``clap verify``
+    decides CUDA adapters by the tolerance, not by this hash).
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(weights))
+    lines = []
+    for name in sorted(tensors):
+        t = tensors[name].float().cpu()
+        rounded = t.mul(10.0**decimals).round().to(torch.int64)
+        lines.append(f"{name}\t{list(t.shape)}\t{io.sha256_bytes(rounded.numpy().tobytes())}\n")
+    return io.sha256_bytes("".join(lines).encode())
+
+
+def gate_record(train: Mapping[str, Any], p: DeterminismParams) -> dict[str, Any]:
+    """What the gate's decision rests on, for its flat record: the installed versions and the
+    training run's seed, threads and determinism (``train_`` prefix; -1/"" when not trained)."""
+    keys = {"seed": -1, "torch_threads": -1, "deterministic_algorithms": -1, "determinism": ""}
+    return {**versions(p.packages), **{f"train_{k}": train.get(k, default) for k, default in keys.items()}}
