@@ -31,7 +31,7 @@ from clap.grpo_diagnosis import GrpoDiagnosis
 from clap.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.prompt import build_messages, format_answer
 from clap.scoring import ScoringParams, context_text, reward
-from clap.training import ADAPTER_FILES, load_train_model, seed_everything, versions, world
+from clap.training import ADAPTER_FILES, canonical_adapter_config, load_train_model, seed_everything, versions, world
 
 log = logging.getLogger(__name__)
 NOT_RUN_FILE = "not_run.json"
@@ -114,6 +114,7 @@ def save_adapter(trainer, adapter_dir: Path) -> str:
         trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])  # not TRL's frozen "ref" copy
         trainer.processing_class.save_pretrained(str(tmp))
         (tmp / "README.md").unlink(missing_ok=True)  # peft's generated card template (as the train stage drops it)
+        canonical_adapter_config(tmp / ADAPTER_FILES[1])  # byte-identical across PYTHONHASHSEED (found by clap verify)
     return io.sha256_file(adapter_dir / ADAPTER_FILES[0])
 
 
