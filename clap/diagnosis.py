@@ -84,7 +84,8 @@ class Diagnosis(TrainerCallback):
     def __init__(self, params: det.DetectorParams, probe: list[Encoded], pilot: list[Encoded], *, max_tokens: int, inject_nan_at_step: int):
         self.p, self.probe, self.pilot = params, probe, pilot
         self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
-        self.resumed_tokens = 0.0  # set at train begin (resume)
+        self.resumed_tokens = 0.0  # tokens trained before a resume (set at train begin)
+        self.run_tokens = 0.0  # tokens trained by this process (TRL's num_tokens restarts at 0 on resume)
         self.order = probe_order(len(probe), params.seed)
         self.s = DiagState()
         self.eproc = det.make_eprocess(params)
@@ -128,6 +129,7 @@ class Diagnosis(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
             return control
+        self.run_tokens = float(logs.get("num_tokens", self.run_tokens))
         row = self._curve_row(state.global_step, logs)
         self.s.rows.append(row)
         grad = logs.get("grad_norm")  # absent when gradient clipping is off

@@ -350,7 +350,7 @@ def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
     rows = [r for r in diag.s.rows if r["loss"] is not None]
     losses = [float(r["loss"]) for r in rows]
     finite = [v for v in losses if np.isfinite(v)]
-    tokens = next((h["num_tokens"] for h in reversed(trainer.state.log_history) if "num_tokens" in h), 0.0)
+    tokens = diag.resumed_tokens + diag.run_tokens
     runtime = float(out.metrics.get("train_runtime", 0.0))
     tail = finite[-max(diag.p.every_steps, 1):]
     summary = diag.summary()
@@ -358,7 +358,7 @@ def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
         summary["health"] = "stopped"  # stopped early by something other than the diagnosis
     return {**summary, "steps": int(trainer.state.global_step), "planned_steps": int(diag.s.planned_steps),
             "epochs": float(trainer.state.epoch or 0.0), "tokens": int(tokens), "train_runtime_s": round(runtime, 3),
-            "tokens_per_s": round((tokens - diag.resumed_tokens) / runtime, 3) if runtime > 0 else 0.0,
+            "tokens_per_s": round(diag.run_tokens / runtime, 3) if runtime > 0 else 0.0,
             "final_loss": losses[-1] if losses else float("nan"), "min_loss": min(finite) if finite else float("nan"),
             "train_loss_end": float(np.mean(tail)) if tail else float("nan"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}

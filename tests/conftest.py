@@ -13,6 +13,7 @@ Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,17 @@ def tiny_repo(tmp_path_factory, tiny_base) -> Path:
 def tiny_run(tiny_repo):
     """The session's one uninterrupted ``dvc repro`` of the tiny repository (its CompletedProcess)."""
     return run_dvc(tiny_repo, "repro")
+
+
+@pytest.fixture(autouse=True)
+def _restore_streams_after_in_process_dvc():
+    """In-process DVC (clap verify, release) wraps sys.stdout/stderr (colorama) and adds handlers
+    bound to pytest's per-test capture streams; once those close, a later test's DVC logging
+    fails with 'I/O operation on closed file'. Put both back after every test."""
+    import logging
+
+    out, err = sys.stdout, sys.stderr
+    yield
+    sys.stdout, sys.stderr = out, err
+    for name in ("dvc", "dvc_objects", "dvc_data"):
+        logging.getLogger(name).handlers.clear()
