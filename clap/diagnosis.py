@@ -99,6 +99,7 @@ class Diagnosis(TrainerCallback):
         raw = io.read_json(Path(checkpoint) / STATE_FILE)
         raw["rows"] = [{k: from_text(v) for k, v in r.items()} for r in raw["rows"]]
         raw["probe_base"] = [tuple(x) for x in raw["probe_base"]]
+        raw["drawn"] = [[take, [[from_text(v) for v in x] for x in scores]] for take, scores in raw.get("drawn", [])]
         self.s = DiagState(**raw)
         self.eproc = det.make_eprocess(self.p, self.s.eprocess)
 
@@ -107,6 +108,7 @@ class Diagnosis(TrainerCallback):
             self.s.eprocess = self.eproc.state()
             raw = asdict(self.s)
             raw["rows"] = [{k: as_text_if_nonfinite(v) for k, v in r.items()} for r in raw["rows"]]
+            raw["drawn"] = [[take, [[as_text_if_nonfinite(v) for v in x] for x in scores]] for take, scores in raw["drawn"]]
             io.write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE_FILE, raw)
 
     # --- events ---------------------------------------------------------------------------
