@@ -99,10 +99,13 @@ def pilot_indices(n_items: int, k: int, seed: int) -> list[int]:
 
 
 # --- run setup ----------------------------------------------------------------------------
-def fingerprint(tp: TrainParams, dp: DetectorParams, data_dir: Path, base_dir: Path, world_size: int) -> str:
-    """Hash of everything that must match for a checkpoint to be resumed."""
-    files = {name: io.sha256_file(data_dir / name) for name in ("sft.parquet", "probe.parquet", "kb.parquet")}
-    blob = {"train": asdict(tp), "detector": asdict(dp), "data": files, "base": mdl.base_sha256(base_dir), "world_size": world_size}
+def fingerprint(tp: TrainParams, dp: DetectorParams, encoded: dict[str, list], base_dir: Path, world_size: int) -> str:
+    """Hash of everything that must match for a checkpoint to be resumed.
+
+    ``encoded`` holds the token ids actually trained on and probed, not the data files: a change
+    of the prompt builder or answer format (code, not data) must also start training afresh.
+    """
+    blob = {"train": asdict(tp), "detector": asdict(dp), "encoded": encoded, "base": mdl.base_sha256(base_dir), "world_size": world_size}
     return io.sha256_bytes(io.dumps_json(blob).encode())
 
 
@@ -320,7 +323,8 @@ def _run_trainer(data_dir, base_dir, adapter_dir, tp, dp, train_ex, enc_train, e
     ckpt_dir = Path(tp.checkpoint_root) / adapter_dir.name
     args = sft_config(tp, ckpt_dir, device, world_size)  # initialises the distributed state under torchrun
     is_main = args.process_index == 0
-    fp = fingerprint(tp, dp, data_dir, base_dir, world_size)
+    fp = fingerprint(tp, dp, {name: [[e.n_prompt, *e.input_ids] for e in enc] for name, enc in (("train", enc_train), ("probe", enc_probe))},
+                     base_dir, world_size)
     resume = last_complete_checkpoint(ckpt_dir, fp, is_main)
     _barrier()
     if is_main:

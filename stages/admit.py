@@ -15,10 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params
+from clap import io, params, stage
 from clap.determinism import frame_hashes
 from clap.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
-from clap.errors import ClapError
 from clap.normalize import NormalizeParams, build_vocab
 from clap.scoring import ScoringParams, reward
 from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
@@ -49,21 +48,10 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
     return result.record
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        record = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def describe(argv, record: dict) -> str:
     verdict = "admitted" if record["verdict"] else "NOT admitted"
-    print(f"admit {record['batch']}: {verdict}; {record['counts']}")
-    for reason in record["reasons"]:
-        print(f"  - {reason}")
-    return 0
+    return "\n".join([f"admit {record['batch']}: {verdict}; {record['counts']}", *(f"  - {r}" for r in record["reasons"])])
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (3,), run, describe))

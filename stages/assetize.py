@@ -10,18 +10,19 @@ out: data/assets/<b>/{records,kb,sft,eval,replay,grpo,rejects}.parquet (written 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import pandera.pandas as pa
 
-from clap import io, params
+from clap import io, params, stage
 from clap.determinism import frame_hashes
 from clap.assetize import AssetizeParams, assetize_batch, batch_metrics
 from clap.errors import ClapError
 from schemas.assets import SCHEMAS
+
+USAGE = "usage: python stages/assetize.py RAW_DIR OUT_DIR METRICS_JSON"
 
 
 def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
@@ -50,20 +51,9 @@ def _validate(name: str, df):
         raise ClapError(f"asset {name} fails its schema: {cases}", file=f"{name}.parquet", rule="schema") from e
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("raw_dir", type=Path)
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("metrics", type=Path)
-    args = ap.parse_args()
-    try:
-        m = run(args.raw_dir, args.out_dir, args.metrics)
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"assetize {args.raw_dir}: {m['rows_in']} rows -> {m['rows_assets']} assets + {m['rows_rejected']} rejects")
-    return 0
+def describe(argv, m: dict) -> str:
+    return f"assetize {argv[0]}: {m['rows_in']} rows -> {m['rows_assets']} assets + {m['rows_rejected']} rejects"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stage.main(sys.argv[1:], USAGE, (3,), run, describe))

@@ -17,8 +17,7 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 
-from clap import io, params  # noqa: E402
-from clap.errors import ClapError  # noqa: E402
+from clap import io, params, stage  # noqa: E402
 from clap.model import BaseParams, export_base  # noqa: E402
 
 USAGE = "usage: python stages/base.py OUT_DIR METRICS_JSON"
@@ -33,18 +32,9 @@ def run(out_dir: Path, metrics_path: Path) -> dict:
     return record
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        record = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"base: {record['source']} -> {argv[0]} ({record['n_params']} params, weights sha256 {record['weights_sha256'][:12]})")
-    return 0
+def describe(argv, record: dict) -> str:
+    return f"base: {record['source']} -> {argv[0]} ({record['n_params']} params, weights sha256 {record['weights_sha256'][:12]})"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (2,), run, describe))

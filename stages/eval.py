@@ -15,8 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from clap import determinism, io, params
-from clap.errors import ClapError
+from clap import determinism, io, params, stage
 from clap.model import default_device
 from clap.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.scoring import ScoringParams
@@ -56,20 +55,11 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 6:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        metrics = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def describe(argv, metrics: dict) -> str:
     roles = [r for r in ("base", "candidate", "incumbent") if f"{r}_pass_rate" in metrics]
     summary = ", ".join(f"{r} pass {metrics[f'{r}_pass_rate']:.3f} overall {metrics[f'{r}_overall']:.3f}" for r in roles)
-    print(f"eval: {metrics['n_items']} items; {summary or 'no items'}")
-    return 0
+    return f"eval: {metrics['n_items']} items; {summary or 'no items'}"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (6,), run, describe))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from clap import determinism, io, params
+from clap import determinism, io, params, stage
 from clap import grpo_policy as grpo
 from clap.errors import ClapError
 from clap.evaluation import read_scored
@@ -56,18 +56,9 @@ def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, me
     return metrics
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) not in (5, 6):
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        metrics = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']})")
-    return 0
+def describe(argv, metrics: dict) -> str:
+    return f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']})"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (5, 6), run, describe))

@@ -11,7 +11,6 @@ out: models/grpo/<b>/ (the probe's adapter; not_run.json when disabled or not ad
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -19,9 +18,8 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import io, params  # noqa: E402
+from clap import io, params, stage  # noqa: E402
 from clap.diagnosis import curves_csv  # noqa: E402
-from clap.errors import ClapError  # noqa: E402
 from clap.grpo import run_probe  # noqa: E402
 from clap.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
 from clap.scoring import ScoringParams  # noqa: E402
@@ -40,28 +38,14 @@ def run(data_dir: Path, admit_json: Path, base_dir: Path, sft_dir: Path, adapter
     return result.record
 
 
-def summary_line(batch: str, r: dict) -> str:
+def describe(argv, r: dict) -> str:
     """One human line about the probe (values may be the string 'nan')."""
+    batch = Path(argv[0]).name
     if not r["run"]:
         return f"grpo {batch}: not run ({r['stop_reason']}); static {r['static_verdict']}"
     return (f"grpo {batch}: {r['steps']}/{r['planned_steps']} steps, static {r['static_verdict']} vs runtime {r['runtime_verdict']} "
             f"({r['stop_reason']}), KL peak {r['kl_peak']}, reward {r['reward_first']} -> {r['reward_final']}, {r['wall_s']} s")
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 7:
-        print(USAGE, file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        record = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if record is not None:
-        print(summary_line(Path(argv[0]).name, record))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (7,), run, describe))

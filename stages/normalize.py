@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params
+from clap import io, params, stage
 from clap.determinism import frame_hashes
-from clap.errors import ClapError
 from clap.normalize import NormalizeParams, load_assets, normalize_batch
 from schemas.normalized import SCHEMAS, validate_frame
 
@@ -37,19 +36,11 @@ def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     return metrics
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        metrics = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def describe(argv, metrics: dict) -> str:
     kept = {k[: -len("_rows_out")]: v for k, v in metrics.items() if k.endswith("_rows_out")}
-    print(f"normalize: kept {kept}; rejected {metrics['total_rejected']}, repaired {metrics['total_repaired']}, deduplicated {metrics['total_deduplicated']}")
-    return 0
+    return (f"normalize: kept {kept}; rejected {metrics['total_rejected']}, repaired {metrics['total_repaired']}, "
+            f"deduplicated {metrics['total_deduplicated']}")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (3,), run, describe))

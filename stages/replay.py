@@ -16,9 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params
+from clap import io, params, stage
 from clap.chain import ChainParams
-from clap.errors import ClapError
 from clap.model import ADAPTER_FILE, base_sha256, default_device
 from clap.replay import (ReplayParams, decision_metrics, plot_rows, read_gate_decision, render_report, replay_checks,
                          replay_metrics, run_conditions, score_conditions)
@@ -55,20 +54,11 @@ def run(admitted: Path, base: Path, adapter: Path, gate_json: Path, data_dir: Pa
     return metrics
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 8:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        m = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def describe(argv, m: dict) -> str:
     abcd = ", ".join(f"{c} value {m[f'{c}_value_accuracy']:.3f} core {m[f'{c}_core_accuracy']:.3f}" for c in "ABCD" if m.get(f"{c}_run"))
-    print(f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}; final {m['final_decision']} "
-          f"(gate {m['gate_decision']}, rule {m['final_rule']})")
-    return 0
+    return (f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}; final {m['final_decision']} "
+            f"(gate {m['gate_decision']}, rule {m['final_rule']})")
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (8,), run, describe))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from clap import grpo_policy as grpo
-from clap import io, params
+from clap import io, params, stage
 from clap.errors import ClapError
 from clap.summary import SummaryParams, batch_row, plot_frame, render_markdown, summarize
 
@@ -41,18 +41,9 @@ def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) 
     return flat
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 4:
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        flat = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"summary: {flat['n_batches']} batches, regressed: {flat['regressed_batches'] or 'none'}")
-    return 0
+def describe(argv, flat: dict) -> str:
+    return f"summary: {flat['n_batches']} batches, regressed: {flat['regressed_batches'] or 'none'}"
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (4,), run, describe))

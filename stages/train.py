@@ -12,7 +12,6 @@ out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tok
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -20,10 +19,9 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import determinism, io, params  # noqa: E402
+from clap import determinism, io, params, stage  # noqa: E402
 from clap.detector import DetectorParams  # noqa: E402
 from clap.diagnosis import curves_csv  # noqa: E402
-from clap.errors import ClapError  # noqa: E402
 from clap.model import default_device  # noqa: E402
 from clap.training import TrainParams, train_batch  # noqa: E402
 
@@ -45,8 +43,9 @@ def run(data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, c
     return result.record
 
 
-def summary_line(batch_dir: str, r: dict) -> str:
+def describe(argv, r: dict) -> str:
     """One human line about the run (values may be the string 'nan')."""
+    batch_dir = argv[0]
     if not r["trained"]:
         return f"train {batch_dir}: skipped ({r['skip_reason']})"
 
@@ -58,20 +57,5 @@ def summary_line(batch_dir: str, r: dict) -> str:
             f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s")
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 5:
-        print(USAGE, file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        record = run(*(Path(a) for a in argv))
-    except ClapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if record is not None:
-        print(summary_line(argv[0], record))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (5,), run, describe))

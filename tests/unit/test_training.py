@@ -118,6 +118,15 @@ def test_changed_params_discard_old_checkpoints(tmp_path):
     assert tr.last_complete_checkpoint(ckpt, "new", is_main=True) is None and not ckpt.exists()
 
 
+def test_fingerprint_follows_the_encoded_examples_not_only_the_files(tiny_base, tmp_path):
+    # a prompt-format change in code leaves the parquet files alone but changes the token ids
+    enc = {"train": [[3, 1, 2, 3]], "probe": [[2, 5, 6]]}
+    fp = tr.fingerprint(_tp(tmp_path), _dp(), enc, tiny_base, 1)
+    assert fp == tr.fingerprint(_tp(tmp_path), _dp(), {"train": [[3, 1, 2, 3]], "probe": [[2, 5, 6]]}, tiny_base, 1)
+    assert fp != tr.fingerprint(_tp(tmp_path), _dp(), {**enc, "train": [[3, 1, 3, 2]]}, tiny_base, 1)
+    assert fp != tr.fingerprint(_tp(tmp_path, lr=5e-3), _dp(), enc, tiny_base, 1)
+
+
 def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
     rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
