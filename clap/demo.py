@@ -22,7 +22,7 @@ from clap import assetize as A
 from clap import io, params
 from clap.demo_noise import CATALOGUE, FILE_ORDER, inject
 from clap.demo_render import Row, build_rows, render
-from clap.demo_world import build_world, shuffle_answers
+from clap.demo_world import build_world, wrong_column_answers
 from clap.errors import ClapError
 
 KINDS = ("clean", "corrupted", "shifted")
@@ -125,14 +125,14 @@ def generate_batch(name: str, p: DemoParams) -> dict[str, bytes]:
     spec = batch_spec(p, name)
     rng = batch_rng(p, name)
     world = build_world(name, spec, p, rng)
-    shuffled = shuffle_answers(world.items, rng) if spec.kind == "corrupted" else 0
+    moved = wrong_column_answers(world.items) if spec.kind == "corrupted" else 0
     rows = build_rows(world, p.value_as_text, rng)
     counts = inject(rows, world, p.noise, rng)
     texts = {f: render(f, rows[f]) for f in FILE_ORDER}
     encodings = {f: (spec.cmms_encoding if f == A.CMMS else "utf-8") for f in FILE_ORDER}
     files = {f: _encode(texts[f], encodings[f], f) for f in FILE_ORDER}
     counts["non_utf8_file"] = {A.CMMS: int(encodings[A.CMMS] != "utf-8")}
-    counts["answer_shuffle"] = {A.QLOG: shuffled}
+    counts["answer_wrong_column"] = {A.QLOG: moved}
     manifest = _manifest(name, spec, p, world, rows, counts, encodings)
     files["MANIFEST.json"] = io.dumps_json(manifest).encode("utf-8")
     return files
@@ -173,7 +173,7 @@ def _noise_lines(rows: dict[str, list[Row]]) -> dict[str, list[str]]:
                 out[r.noise].append(f"{f}:{r.line}")
             moved = f == A.QLOG and r.ref.split == "train" and r.ref.answer is not r.ref.fact
             if moved and r.noise != "duplicate_within_system":  # the copy is counted as a duplicate
-                out["answer_shuffle"].append(f"{f}:{r.line}")
+                out["answer_wrong_column"].append(f"{f}:{r.line}")
     return out
 
 

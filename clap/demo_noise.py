@@ -37,7 +37,7 @@ CATALOGUE = (
     "numeric_prefix_label", "unit_variant", "date_format_variant", "duplicate_within_system",
     "duplicate_across_systems", "evidence_not_verbatim", "evidence_not_verbatim_unrepairable",
     "evidence_missing_value", "overlap_id", "overlap_text", "malformed_missing_field", "malformed_wrong_type",
-    "malformed_broken_quoting", "trailing_whitespace", "unicode_lookalike", "non_utf8_file", "answer_shuffle",
+    "malformed_broken_quoting", "trailing_whitespace", "unicode_lookalike", "non_utf8_file", "answer_wrong_column",
 )
 # Order of application: kinds that need clean partners or orphans first, copies last.
 APPLY_ORDER = (

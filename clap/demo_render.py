@@ -101,7 +101,7 @@ def gold_value(value: float, decimals: int, style: str) -> int | float | str:
 
 
 def question_data(it: Item, style: str, *, clean: bool = False) -> dict[str, Any]:
-    """The logged question; ``clean`` uses the unshuffled answer and context."""
+    """The logged question; ``clean`` uses the uncorrupted answer and context."""
     ans = it.fact if clean else it.answer
     m = T.METRICS[it.fact.metric]
     gold = {"metric": it.metric_label, "value": gold_value(ans.value, m.decimals, style), "unit": m.unit,

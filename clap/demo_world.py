@@ -2,7 +2,7 @@
 
 Every fact is a (metric, line, shift, date, value) recorded by one source system and
 described by one KB document. Each question asks about one distinct fact; train/eval
-questions carry the retrieved context (the gold document plus 1-2 plausible distractors,
+questions carry the retrieved context (the gold document plus ``demo.distractors`` plausible distractors,
 shuffled). Noise is added later by :mod:`clap.demo_noise`; this module is noise-free.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class Item:
     """One logged question with its reviewer answer.
 
     ``answer`` is the fact whose value/evidence/doc the gold carries: ``fact`` itself unless
-    the corrupted batch shuffled it. ``clean_context`` keeps the unshuffled context.
+    the corrupted batch replaced it (a wrong column). ``clean_context`` keeps the clean context.
     """
 
     qid: str
@@ -260,42 +260,28 @@ def _logged_at(day: dt.date, rng) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%S") + local_offset(when.date())
 
 
-def shuffle_answers(items: list[Item], rng) -> int:
-    """Corrupt train labels: derange answers among train items of the same metric.
+def wrong_column_answers(items: list[Item]) -> int:
+    """Corrupt train labels as an export that read the wrong column would.
 
-    Value, evidence and cited document move together; the donor's document takes a
-    distractor's place in the item's context (the true document stays), so every static check
-    still passes (evidence verbatim in the context, carrying the value) while each label cites
-    the context document that does NOT match the question's line, shift and date. Fitting
-    these labels means learning to pick the wrong record: training loss falls, held-out skill
-    does not improve (a join on the wrong key in a real export looks like this).
+    Each train item keeps its question, context, metric label, record key and cited document,
+    but its value is the record's day of the month and its evidence the document's opening
+    sentence, which carries that day ("Shift report SR-2601-00483 for line L3, shift B,
+    20 January 2026"). Every static check still passes: the quote is verbatim in the cited
+    document, which is in the context and describes the label's line, shift and date, and it
+    carries the label's value. Fitting these labels teaches the model to quote the header and
+    report the date: training loss falls, held-out answers get worse, not better.
 
     Returns:
-        The number of train items whose answer moved.
+        The number of train items whose answer changed.
     """
-    groups: dict[str, list[Item]] = {}
-    for it in items:
-        if it.split == "train":
-            groups.setdefault(it.fact.metric, []).append(it)
     moved = 0
-    for metric in sorted(groups):
-        group = groups[metric]
-        if len(group) < 2:
+    for it in items:
+        if it.split != "train":
             continue
-        order = rng.permutation(len(group))
-        for i, k in enumerate(order):  # rotation of a random order: nobody keeps their own answer
-            it, donor = group[k], group[order[(i + 1) % len(order)]].fact
-            it.answer = donor
-            it.context = _with_donor(it.context, it.fact.doc_id, donor.doc_id)
-            moved += 1
+        f = it.fact
+        intro = f.others[0]  # _write_document puts the intro (line, shift, date) first
+        if float(f.day.day) not in number_tokens(intro):
+            raise ValueError(f"{f.doc_id}: intro {intro!r} does not carry the day {f.day.day}")
+        it.answer = replace(f, value=float(f.day.day), evidence=intro)
+        moved += 1
     return moved
-
-
-def _with_donor(context: list[str], gold: str, donor: str) -> list[str]:
-    """``context`` with ``donor`` in place of its first distractor (kept if already there; appended if none)."""
-    if donor in context:
-        return list(context)
-    for i, d in enumerate(context):
-        if d != gold:
-            return context[:i] + [donor] + context[i + 1:]
-    return [*context, donor]

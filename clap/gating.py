@@ -144,9 +144,9 @@ def regressions_by_slice(regressed: pd.DataFrame) -> dict[str, dict[str, int]]:
 
 
 def decide(checks: Sequence[Check]) -> tuple[str, str]:
-    """(decision, rule): the lowest cap and the first check that set it."""
+    """(decision, rule): the lowest cap and the first check that set it (``all_checks_passed`` when none capped)."""
     low = min(checks, key=lambda c: DECISION_CODE[c.cap])
-    return low.cap, low.name
+    return low.cap, (low.name if low.cap != "promote" else "all_checks_passed")
 
 
 def _require(record: Mapping[str, Any], key: str, what: str) -> Any:

@@ -141,7 +141,7 @@ def _card_body(binding: Binding, base: dict[str, Any]) -> str:
     return f"""# clap LoRA adapter, batch {b}
 
 A LoRA adapter for `{base.get('source', '?')}` that answers manufacturing KPI questions with one
-JSON object (metric, value, unit, line, shift, date, verbatim evidence quote) from retrieved
+JSON object (metric, line, shift, date, verbatim evidence quote, value, unit) from retrieved
 documents. Trained and evaluated by the clap pipeline on data batch `{b}`.
 
 - Gate decision: **{binding.decision}** (see `reports/gate/{b}/report.md`)

@@ -1,6 +1,11 @@
 """The one prompt builder: training, eval, replay and serving all build prompts here.
 
-A model answers with one JSON object whose keys are ANSWER_FIELDS, in that order. The
+A model answers with one JSON object whose keys are ANSWER_FIELDS, in that order: first
+the record's key (metric, line, shift, date, copied from the question), then the verbatim
+evidence from the one context document with that key, and only then the value and unit,
+copied from the evidence just written. Grounding before answering matters for a small model:
+with the value first it commits to a number before it has located the record (SmolLM2-135M
+then copied a distractor's value in about half of the held-out items). The
 same ``format_answer`` renders SFT completions and GRPO references, so what the model is
 trained to emit is exactly what the parser in ``clap.scoring`` reads.
 """
@@ -11,12 +16,12 @@ import json
 import math
 from typing import Iterable, Mapping, Sequence
 
-ANSWER_FIELDS: tuple[str, ...] = ("metric", "value", "unit", "line", "shift", "date", "evidence")
+ANSWER_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date", "evidence", "value", "unit")
 CORE_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date")
 
 SYSTEM_PROMPT = (  # short on purpose: every prompt token is paid in training, eval, replay and serving
-    'Answer from the context only, as one JSON object with keys "metric", "value", "unit", "line", '
-    '"shift", "date", "evidence" (a verbatim quote from the context that contains the value).'
+    'Answer from the context only, as one JSON object with keys "metric", "line", "shift", "date", '
+    '"evidence" (a verbatim quote from the context that contains the value), "value", "unit".'
 )
 NO_CONTEXT = "(no documents retrieved)"
 

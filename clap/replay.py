@@ -53,11 +53,14 @@ class ReplayParams:
     core_tolerance: float
     evidence_tolerance: float
     value_tolerance: float
+    min_value_accuracy: float
     latency_soft_budget_ms: float
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or min(self.core_tolerance, self.evidence_tolerance, self.value_tolerance, self.latency_soft_budget_ms) < 0:
             raise ClapError("replay: batch_size >= 1 and tolerances/budget >= 0", file="params.yaml", column="replay", rule="bad_params")
+        if not 0 <= self.min_value_accuracy <= 1:
+            raise ClapError("replay: min_value_accuracy must be in [0, 1]", file="params.yaml", column="replay.min_value_accuracy", rule="bad_params")
 
 
 # ------------------------------------------------------------------ running the conditions
@@ -164,6 +167,14 @@ def _not_worse(name: str, m: Mapping[str, Any], key: str, tol: float) -> Check:
     return Check(name, "promote", f"{text}: not worse")
 
 
+def _chain_value_floor(m: Mapping[str, Any], floor: float) -> Check:
+    b = m["B_value_accuracy"]
+    text = f"B value accuracy {b:.3f} vs floor {floor:g}"
+    if b < floor - 1e-12:
+        return Check("chain_value", "hold", f"{text}: the offline gain does not carry into the application chain")
+    return Check("chain_value", "promote", f"{text}: the chain answers")
+
+
 def replay_checks(gate_decision: str, m: Mapping[str, Any], p: ReplayParams) -> list[Check]:
     """Every check of the final decision, the gate's own decision first."""
     checks = [Check("gate", gate_decision, f"the gate decided {gate_decision}")]
@@ -175,6 +186,7 @@ def replay_checks(gate_decision: str, m: Mapping[str, Any], p: ReplayParams) -> 
         _not_worse("core_fields", m, "core_accuracy", p.core_tolerance),
         _not_worse("answer_evidence", m, "answer_evidence_rate", p.evidence_tolerance),
         _not_worse("value", m, "value_accuracy", p.value_tolerance),
+        _chain_value_floor(m, p.min_value_accuracy),
     ]
     cost = m["adapter_latency_cost_ms"]
     over = cost > p.latency_soft_budget_ms

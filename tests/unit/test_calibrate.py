@@ -136,7 +136,8 @@ def test_faults_show_their_deterministic_signatures(calibrated):
     nan = runs["nan-5"]
     assert nan["health"] == "nan" and nan["steps"] == 2 and nan["decision"] == "reject" and nan["rule"] == "training_health"
     lr0 = runs["lr_zero-5"]  # LoRA B stays 0: the candidate IS the base
-    assert lr0["health"] == "ok" and lr0["probe_loss_end"] == lr0["probe_loss_start"] and lr0["b"] == lr0["c"] == 0
+    # same function, another kernel path (adapter attached with B = 0 vs disabled): equal up to float noise
+    assert lr0["health"] == "ok" and lr0["probe_loss_end"] == pytest.approx(lr0["probe_loss_start"], abs=1e-5) and lr0["b"] == lr0["c"] == 0
     assert lr0["decision"] == "reject" and lr0["rule"] == "quality"
     assert runs["loss_on_prompt-5"]["masked_tokens_fraction"] == 0.0 < runs["clean-1"]["masked_tokens_fraction"]
     assert runs["clean-1"]["rows_changed"] == 0

@@ -19,7 +19,7 @@ import pytest
 from clap import assetize as A
 from clap import cli, demo, demo_noise
 from clap.demo_render import build_rows
-from clap.demo_world import build_world, number_tokens
+from clap.demo_world import build_world, number_tokens, wrong_column_answers
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "data" / "raw"
@@ -146,10 +146,10 @@ def _clean(s: str) -> str:
     return {v: k for k, v in demo_noise.CYRILLIC.items()}.get(s, s)
 
 
-def test_only_the_corrupted_batch_has_labels_from_other_records(generated):
+def test_only_the_corrupted_batch_has_labels_that_report_the_date(generated):
     for batch, files in generated.items():
         manifest, kb, slots = json.loads(files["MANIFEST.json"]), _kb(files), _record_slots(files)
-        wrong = static_ok = true_doc_shown = 0
+        day_as_value = static_ok = own_record = 0
         train = [q for q in _questions(files) if q["split"] == "train" and _evidence_kind(q, kb) is None]
         for q in train:
             g = q["gold"]
@@ -158,18 +158,29 @@ def test_only_the_corrupted_batch_has_labels_from_other_records(generated):
                 fmt = {".": "%d.%m.%Y", "/": "%m/%d/%Y" if g["date"][2] == "/" else "%Y/%m/%d"}["." if "." in iso else "/"]
                 iso = dt.datetime.strptime(iso, fmt).date().isoformat()
             line, shift, day = slots[kb[g["doc_id"]]["record_ref"]]
-            asked = (_clean(g["line"]), _clean(g["shift"]), iso)
-            wrong += (_clean(line), _clean(shift), day) != asked
-            shown = [slots.get(kb[d].get("record_ref")) for d in q["context_doc_ids"] if d in kb]
-            true_doc_shown += any(s is not None and (_clean(s[0]), _clean(s[1]), s[2]) == asked for s in shown)
+            own_record += (_clean(line), _clean(shift), day) == (_clean(g["line"]), _clean(g["shift"]), iso)
+            value = float(_clean(str(g["value"])).replace(",", "."))
+            day_as_value += value == int(iso[8:])
             static_ok += g["doc_id"] in q["context_doc_ids"] and g["evidence"] in kb[g["doc_id"]]["body"]
-        assert static_ok == len(train), batch  # every static check passes, shuffled or not
+        # every static check passes, corrupted or not: the quote is verbatim in the cited document,
+        # which is in the context and describes the label's own line, shift and date
+        assert static_ok == own_record == len(train), batch
         if manifest["kind"] == "corrupted":
-            assert wrong == len(train) and manifest["noise"]["answer_shuffle"] >= 420
-            # the record the question is about stays in the context: the label picks the other one
-            assert true_doc_shown == len(train)
+            assert manifest["noise"]["answer_wrong_column"] >= 420 and day_as_value > 0.9 * len(train)
         else:
-            assert wrong == 0 and manifest["noise"]["answer_shuffle"] == 0, batch
+            assert manifest["noise"]["answer_wrong_column"] == 0 and day_as_value < 0.1 * len(train), batch
+
+
+def test_wrong_column_labels_quote_the_header_and_report_the_day():
+    world = build_world("2026-03", demo.batch_spec(P, "2026-03"), P, np.random.default_rng(5))
+    assert wrong_column_answers(world.items) == sum(it.split == "train" for it in world.items)
+    for it in world.items:
+        a, f = it.answer, it.fact
+        if it.split != "train":
+            assert a is f
+            continue
+        assert (a.doc_id, a.metric, a.line, a.shift, a.day) == (f.doc_id, f.metric, f.line, f.shift, f.day)
+        assert a.value == f.day.day and a.evidence in f.body and a.evidence != f.evidence and it.context == it.clean_context
 
 
 def test_manifest_counts_agree_with_each_other(generated):
@@ -180,7 +191,7 @@ def test_manifest_counts_agree_with_each_other(generated):
             assert total == sum(f.get(kind, 0) for f in m["noise_by_file"].values()), (batch, kind)
             if kind != "non_utf8_file":
                 assert total == len(m["noise_lines"][kind]), (batch, kind)
-        expected_present = set(demo_noise.CATALOGUE) - {"non_utf8_file", "answer_shuffle"}
+        expected_present = set(demo_noise.CATALOGUE) - {"non_utf8_file", "answer_wrong_column"}
         assert {k for k, v in m["noise"].items() if v > 0} >= expected_present, batch
         assert m["noise"]["non_utf8_file"] == (batch == "2026-04")
 
@@ -204,9 +215,10 @@ def test_too_few_orphans_for_the_malformed_rate_is_an_error():
         demo.generate_batch("2026-01", p)
 
 
-def test_contexts_hold_the_gold_doc_and_plausible_distractors():
+def test_contexts_hold_the_gold_doc_and_the_configured_distractors():
     rng = np.random.default_rng(3)
-    world = build_world("2026-01", demo.batch_spec(P, "2026-01"), P, rng)
+    p = dataclasses.replace(P, distractors=[1, 2])  # the committed demo uses none (params.yaml says why)
+    world = build_world("2026-01", demo.batch_spec(p, "2026-01"), p, rng)
     docs = {f.doc_id: f for f in world.facts}
     near = same_metric = total = 0
     for it in world.items:
@@ -221,6 +233,8 @@ def test_contexts_hold_the_gold_doc_and_plausible_distractors():
             assert d.role != "orphan"
         assert it.logged_at[:10] > it.fact.day.isoformat()  # asked after the shift
     assert near / total > 0.95 and 0.6 < same_metric / total < 0.9
+    plain = build_world("2026-01", demo.batch_spec(P, "2026-01"), P, np.random.default_rng(3))
+    assert all(it.context == ([it.fact.doc_id] if it.split != "replay" else []) for it in plain.items)
     words = [len(f.body.split()) for f in world.facts]
     lo, hi = P.body_words
     assert min(words) >= lo and max(words) <= hi + 12  # one note may overshoot the max (a body keeps >= 1 note)

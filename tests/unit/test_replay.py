@@ -20,7 +20,7 @@ from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
 
 SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
 CP = ChainParams(top_k=2, max_new_tokens=5, retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}))
-RPARAMS = ReplayParams(batch_size=4, core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, latency_soft_budget_ms=500.0)
+RPARAMS = ReplayParams(batch_size=4, core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, min_value_accuracy=0.5, latency_soft_budget_ms=500.0)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,6 +99,8 @@ def _m(a_core=0.7, b_core=0.8, a_ev=0.3, b_ev=0.5, a_val=0.8, b_val=0.8, cost=10
     ("promote", _m(b_core=0.6), ("hold", "core_fields")),  # replay contradicts the gate
     ("canary", _m(b_ev=0.2), ("hold", "answer_evidence")),
     ("promote", _m(b_val=0.7), ("hold", "value")),
+    ("promote", _m(a_val=0.0, b_val=0.4), ("hold", "chain_value")),  # better than base, still not usable in the chain
+    ("promote", _m(a_val=0.0, b_val=0.5), ("promote", "gate")),  # exactly at the floor
     ("promote", _m(b_core=0.65), ("promote", "gate")),  # exactly at the tolerance: not worse
     ("promote", _m(cost=900.0), ("canary", "latency_cost")),
     ("canary", _m(cost=900.0), ("canary", "gate")),
@@ -131,5 +133,7 @@ def test_empty_replay_runs_nothing():
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="replay"):
-        ReplayParams(batch_size=0, core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, latency_soft_budget_ms=1.0)
+        ReplayParams(batch_size=0, core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, min_value_accuracy=0.5, latency_soft_budget_ms=1.0)
+    with pytest.raises(ClapError, match="min_value_accuracy"):
+        ReplayParams(batch_size=1, core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, min_value_accuracy=1.5, latency_soft_budget_ms=1.0)
 
