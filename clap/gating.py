@@ -99,7 +99,20 @@ def health_check(train: Mapping[str, Any], p: GateParams) -> Check:
     health = str(_require(train, "health", "metrics/train"))
     if health not in p.health:
         raise ClapError(f"training health {health!r} has no entry in params gate.health {sorted(p.health)}", column="health", rule="unknown_health")
-    return Check("training_health", p.health[health], f"training health {health!r} (trained={train.get('trained')})")
+    return Check("training_health", p.health[health], f"training health {health!r}{_health_detail(train)}")
+
+
+def _health_detail(train: Mapping[str, Any]) -> str:
+    """What the training record says about its health: the alarm, the stop, or why it was skipped."""
+    if not train.get("trained", 1):
+        return f": not trained ({train.get('skip_reason', 'no reason recorded')})"
+    parts = []
+    if int(train.get("detector_alarm_step", -1)) > 0:
+        parts.append(f"TBDL detector alarm at step {train['detector_alarm_step']} of {train.get('planned_steps', '?')} "
+                     f"(max log E {float(train.get('detector_max_log_e', float('nan'))):.2f} >= {float(train.get('detector_log_threshold', float('nan'))):.2f})")
+    if int(train.get("stop_step", -1)) > 0:
+        parts.append(f"training stopped at step {train['stop_step']}")
+    return ": " + "; ".join(parts) if parts else ""
 
 
 def quality_check(test: PairedResult, p: GateParams) -> Check:

@@ -135,6 +135,16 @@ def test_training_health_caps_the_decision(health, decision):
     assert (r.decision, r.rule) == (decision, "training_health")
 
 
+def test_health_detail_names_the_alarm_the_stop_and_the_skip():
+    cand, base = vectors(60, wins=20, losses=0, base_right=10)
+    alarm = {"trained": 1, "health": "alarm", "detector_alarm_step": 30, "planned_steps": 32, "detector_max_log_e": 3.1,
+             "detector_log_threshold": 2.996, "stop_step": 30}
+    detail = next(c.detail for c in gate({"base": base, "candidate": cand}, train=alarm).checks if c.name == "training_health")
+    assert detail == "training health 'alarm': TBDL detector alarm at step 30 of 32 (max log E 3.10 >= 3.00); training stopped at step 30"
+    skipped = gate({"base": base}, train={"trained": 0, "health": "skipped", "skip_reason": "batch not admitted"})
+    assert "not trained (batch not admitted)" in next(c.detail for c in skipped.checks if c.name == "training_health")
+
+
 def test_not_admitted_or_not_trained_rejects():
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     assert gate({"base": base, "candidate": cand}, admit={"admitted": 0}).rule == "admission"
