@@ -7,7 +7,7 @@ on the batch's held-out items (:func:`clap.evaluation.evaluate`) and the gate
 (:func:`clap.gating.run_gate`) under the real policy from params. Faults:
 
 - ``relabel``: every training answer (fields, evidence and cited doc together) moves to
-  another item (a seeded derangement), as the corrupted demo batch 2026-03;
+  another item (a seeded derangement): a join on the wrong key;
 - ``dirty_values`` / ``dirty_evidence``: a fraction of training items get another item's
   value / evidence quote (a seeded derangement within that fraction);
 - ``loss_on_prompt``: the omitted loss-masking trap (``train.loss_on_prompt: true``);
@@ -47,7 +47,7 @@ CLEAN = "clean"
 DATA_FAULTS = ("relabel", "dirty_values", "dirty_evidence")
 FAULTS = (*DATA_FAULTS, "loss_on_prompt", "lr_zero", "nan")
 BATCH_FILES = ("sft.parquet", "probe.parquet", "eval.parquet", "kb.parquet", "admission.json")
-RELABEL_COLUMNS = (*ANSWER_FIELDS, "evidence_doc_id")  # the answer moves with its cited doc (2026-03)
+RELABEL_COLUMNS = (*ANSWER_FIELDS, "evidence_doc_id")  # the answer moves with its cited doc
 
 
 @dataclasses.dataclass(frozen=True)
