@@ -4,8 +4,12 @@ Same model (models/base), same prompts (the first eval questions of a raw demo b
 their retrieved documents, through clap.prompt), same greedy budget (params ``eval``). The
 naive loop is what a first implementation does: one unpadded ``generate`` call per item.
 Outputs must be identical token for token; the result is the items/s ratio. One run each.
+Committed: ``results/eval_speed.json`` (the base model, whose answers ramble to the budget)
+and ``results/eval_speed_adapter.json`` (``--adapter models/adapters/2026-01``: the eval
+stage's candidate, answers ending at EOS), both with ``--items 40 --prefill`` (the demo's
+eval size).
 
-    nice -n 10 .venv/bin/python benchmarks/eval_speed.py [--items 32] [--batch 2026-01] [--threads N] [--prefill] [--out benchmarks/results/eval_speed.json]
+    nice -n 10 .venv/bin/python benchmarks/eval_speed.py [--items 32] [--batch 2026-01] [--adapter DIR] [--threads N] [--prefill] [--out FILE]
 """
 
 from __future__ import annotations

@@ -87,3 +87,49 @@ def test_missing_pad_token_is_refused(model_and_tok):
 
     with pytest.raises(ValueError):
         generate_batched(model, NoPad(), [build_messages("q", None)], batch_size=1, max_new_tokens=2)
+
+
+def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
+    """Rows that stop early drop out of the batch; the rest go on exactly as they would alone."""
+    import clap.generate as gen_mod
+
+    model, tok = model_and_tok
+    chats = [build_messages(q, DOCS[: i % 3]) for i, q in enumerate(QUESTIONS)]
+    free = _reference(model, tok, chats, 12)
+    # a token some answers emit (and others never): it ends those answers early
+    stops = [next(t for row in free for t in row if 0 < sum(t in r for r in free) < len(free))]
+    monkeypatch.setattr(gen_mod, "stop_ids", lambda model, tok: stops)
+    monkeypatch.setattr(model.generation_config, "eos_token_id", stops)
+    reference = _reference(model, tok, chats, 12)
+    batched = generate_batched(model, tok, chats, batch_size=5, max_new_tokens=12)
+    assert min(g.new_tokens for g in batched) < 12 and max(g.new_tokens for g in batched) == 12
+    for gen, ref in zip(batched, reference):
+        n = next((i + 1 for i, t in enumerate(ref) if t in stops), len(ref))
+        assert gen.new_tokens == n
+        assert gen.text == tok.decode(ref[:n], skip_special_tokens=True)
+
+
+def test_rows_without_a_shared_prefix_are_left_padded(model_and_tok):
+    """No common prefix (prefix_len 0): plain left padding, still equal to unpadded generation."""
+    from clap.generate import _greedy
+
+    model, tok = model_and_tok
+    rows = [[5, 9, 13, 2 + i] * (1 + i) for i in range(4)]
+    with torch.inference_mode():
+        got = _greedy(model, None, 0, rows, tok.pad_token_id, 6, set())
+        for row, new in zip(rows, got):
+            ref = model.generate(input_ids=torch.tensor([row]), max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+            assert new == ref[0, len(row):].tolist()
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ([[1, 2, 3], [1, 2, 4, 5]], 2),
+    ([[1, 2, 3], [1, 2, 3, 4]], 2),   # a row that is all prefix keeps its last token to feed
+    ([[7, 8]], 1),
+    ([[1, 2], [3, 4]], 0),
+    ([], 0),
+])
+def test_shared_prefix_length(rows, expected):
+    from clap.generate import shared_prefix_length
+
+    assert shared_prefix_length(rows) == expected
