@@ -115,7 +115,7 @@ class Diagnosis(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.s.planned_steps = int(state.max_steps)
         # tokens already trained before a resume: throughput counts only this process's tokens
-        self.resumed_tokens = next((float(h["num_tokens"]) for h in reversed(state.log_history) if "num_tokens" in h), 0.0)
+        self.resumed_tokens = logged_tokens(state.log_history)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
         if self.p.enabled and self.s.train_base is None:  # fresh run: LoRA B = 0, so the model is the base
             self.s.train_base = shared(token_mean(self._score(model, self.pilot)))
@@ -230,6 +230,11 @@ class Diagnosis(TrainerCallback):
             "alarm_fraction": self.s.alarm_step / planned if self.s.alarm_step >= 0 else -1.0,
             "train_loss_start": self.s.train_base if self.s.train_base is not None else float("nan"),
         }
+
+
+def logged_tokens(log_history: list[dict[str, Any]]) -> float:
+    """Tokens trained so far by a Trainer's log history (its last ``num_tokens``), 0 if none."""
+    return next((float(h["num_tokens"]) for h in reversed(log_history) if "num_tokens" in h), 0.0)
 
 
 def as_text_if_nonfinite(value: Any) -> Any:

@@ -27,7 +27,7 @@ from clap import io
 from clap import model as mdl
 from clap.context import item_docs, kb_bodies
 from clap.detector import DetectorParams
-from clap.diagnosis import STATE_FILE, Diagnosis, as_text_if_nonfinite, detector_constants
+from clap.diagnosis import STATE_FILE, Diagnosis, as_text_if_nonfinite, detector_constants, logged_tokens
 from clap.errors import ClapError
 from clap.prompt import ANSWER_FIELDS, build_example
 
@@ -337,8 +337,12 @@ def _run_trainer(data_dir, base_dir, adapter_dir, tp, dp, train_ex, enc_train, e
     trainer = SFTTrainer(model=load_train_model(base_dir, precision, device), args=args, train_dataset=Dataset.from_list(train_ex),
                          processing_class=tok, peft_config=lora_config(tp), callbacks=[diag, *extra_callbacks])
     masked, total = masked_label_counts(trainer.train_dataset)
-    with compact_lm_head():
-        out = trainer.train(resume_from_checkpoint=resume)
+    if resume and diag.s.stop_step >= 0:  # the checkpointed run had stopped there: that was its end, not a pause
+        log.warning("the run in %s stopped at step %d (%s): restoring it, nothing left to train", resume, diag.s.stop_step, diag.s.health)
+        out = restore_stopped_run(trainer, diag, Path(resume))
+    else:
+        with compact_lm_head():
+            out = trainer.train(resume_from_checkpoint=resume)
     probe_start, probe_end = diag.score_probe(trainer.model)
     final = ckpt_dir / "final"
     trainer.save_model(str(final))  # every rank (FSDP gathers); writes on the main process only
@@ -347,6 +351,24 @@ def _run_trainer(data_dir, base_dir, adapter_dir, tp, dp, train_ex, enc_train, e
     return {**_run_numbers(trainer, out, diag), "precision": precision, "device": device, "resumed_from": Path(resume).name if resume else "",
             "masked_tokens_fraction": masked / max(total, 1), "label_tokens": total, "probe_loss_start": probe_start,
             "probe_loss_end": probe_end, "base_sha256": mdl.base_sha256(base_dir), "adapter_sha256": adapter_sha, "_curves": diag.s.rows}
+
+
+def restore_stopped_run(trainer, diag: Diagnosis, checkpoint: Path):
+    """Put a stopped run's last checkpoint (written at its stop step) back in place of training.
+
+    ``trainer.train(resume_from_checkpoint=...)`` would train on: Trainer runs a step before
+    it checks a stop flag, so a run the detector stopped would come back with more steps and
+    another adapter.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+    from transformers.trainer_utils import TrainOutput
+
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    set_peft_model_state_dict(trainer.model, load_file(str(checkpoint / ADAPTER_FILES[0])))
+    diag.resumed_tokens = logged_tokens(trainer.state.log_history)
+    return TrainOutput(trainer.state.global_step, 0.0, {"train_runtime": 0.0})
 
 
 def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:

@@ -132,6 +132,16 @@ def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
 
 
+def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
+    # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
+    first = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
+    again = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
+    assert again["resumed_from"] == "checkpoint-2"
+    for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
+        assert again[key] == first[key], key
+    assert (again["steps"], again["planned_steps"]) == (2, 4)
+
+
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
     data = write_tiny_admitted(tmp_path / "refused", n_sft=4, n_probe=2, seed=0, admitted=False)
     res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp())
