@@ -101,14 +101,14 @@ def gold_value(value: float, decimals: int, style: str) -> int | float | str:
 
 
 def question_data(it: Item, style: str, *, clean: bool = False) -> dict[str, Any]:
-    """The logged question; ``clean`` uses the uncorrupted answer and context."""
+    """The logged question; ``clean`` uses the uncorrupted answer."""
     ans = it.fact if clean else it.answer
     m = T.METRICS[it.fact.metric]
     gold = {"metric": it.metric_label, "value": gold_value(ans.value, m.decimals, style), "unit": m.unit,
             "line": it.fact.line, "shift": it.fact.shift, "date": it.fact.day.isoformat(),
             "evidence": ans.evidence, "doc_id": ans.doc_id}
     return {"question_id": it.qid, "logged_at": it.logged_at, "split": it.split, "question": it.question,
-            "question_type": it.qtype, "context_doc_ids": list(it.clean_context if clean else it.context), "gold": gold}
+            "question_type": it.qtype, "context_doc_ids": list(it.context), "gold": gold}
 
 
 def build_rows(world: World, value_as_text: float, rng) -> dict[str, list[Row]]:

@@ -47,7 +47,7 @@ class Item:
     """One logged question with its reviewer answer.
 
     ``answer`` is the fact whose value/evidence/doc the gold carries: ``fact`` itself unless
-    the corrupted batch replaced it (a wrong column). ``clean_context`` keeps the clean context.
+    the corrupted batch replaced it (a wrong column); the context is the same either way.
     """
 
     qid: str
@@ -59,7 +59,6 @@ class Item:
     answer: Fact
     metric_label: str
     context: list[str] = field(default_factory=list)
-    clean_context: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -208,7 +207,7 @@ def _make_items(facts: list[Fact], sizes: dict[str, int], tag: str, phrasing: st
         m = T.METRICS[f.metric]
         label = f.metric if rng.random() < 0.5 else _pick(rng, m.labels)
         items.append(Item(f"Q-{tag}-{int(k):05d}", split, text, qtype, _logged_at(f.day, rng), f, f,
-                          label, context, list(context)))
+                          label, context))
     order = rng.permutation(len(items))
     return [items[i] for i in order]
 
