@@ -207,7 +207,7 @@ def table_row(variant: Variant, changed: int, record: dict[str, Any], gate: Gate
     keys = ("health", "steps", "planned_steps", "detector_alarm_step", "alarm_fraction", "detector_max_log_e", "detector_log_threshold",
             "train_loss_start", "train_loss_end", "probe_loss_start", "probe_loss_end", "masked_tokens_fraction")
     row = {"run": variant.name, "fault": variant.fault, "seed": variant.seed, "rows_changed": changed, **{k: record.get(k, "") for k in keys}}
-    row.update({k: n.get(k, "") for k in ("baseline_pass_rate", "candidate_pass_rate", "b", "c", "delta", "pvalue")})
+    row.update({k: n.get(k, "") for k in ("baseline_pass_rate", "candidate_pass_rate", "b", "c", "delta", "pvalue", "hallucination_rate", "wrong_fact_rate")})
     row.update(decision=gate.decision, rule=gate.rule, released=gate.decision in cp.fail_on)
     row["failed"] = variant.fault != CLEAN and row["released"]  # a fault that would ship: the calibration fails
     return row
@@ -305,6 +305,7 @@ def markdown_row(r: dict[str, Any]) -> str:
              f"{_num(r['detector_max_log_e'], '.2f')} / {_num(r['detector_log_threshold'], '.2f')}",
              f"{_num(r['train_loss_start'])} → {_num(r['train_loss_end'])}", f"{_num(r['probe_loss_start'])} → {_num(r['probe_loss_end'])}",
              f"{_num(r['baseline_pass_rate'])} → {_num(r['candidate_pass_rate'])}", _num(r["delta"], "+.3f"), _num(r["pvalue"], ".3g"),
+             f"{_num(r['hallucination_rate'])} / {_num(r['wrong_fact_rate'])}", _num(r["masked_tokens_fraction"]),
              f"**{r['decision']}** ({r['rule']})", "FAIL: released" if r["failed"] else "ok"]
     return "| " + " | ".join(cells) + " |"
 
@@ -316,8 +317,8 @@ def render_markdown(result: CalibrationResult, title: str) -> str:
     lines = [
         f"# Fault-injection calibration: {title}", "",
         "| run | rows changed | health | steps | detector alarm step (fraction) | max log E / threshold | train loss | probe loss | "
-        "pass rate base → cand | Δ | p | gate decision (rule) | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate decision (rule) | check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[markdown_row(r) for r in result.rows], "",
         f"Fault runs: {s['fault_runs']}, {verdict} (fail on: {s['fail_on']}); detector alarms on faults: {s['fault_detector_alarms']}. "
         f"Clean runs: {s['clean_runs']}, false-reject rate {_num(s['clean_false_reject_rate'], '.2f')}, "

@@ -42,12 +42,15 @@ class GateParams:
     max_p95_latency_ms: float
     near_bound: float
     health: dict[str, str]
+    min_prompt_masked: float
+    unmasked: str
     max_regressed_samples: int
 
     def __post_init__(self) -> None:
-        bad = {k: v for k, v in self.health.items() if v not in DECISIONS}
-        if self.baseline not in ("incumbent", "base") or bad or not 0.0 < self.near_bound <= 1.0:
-            raise ClapError(f"gate: baseline must be incumbent|base, health values one of {DECISIONS}, 0 < near_bound <= 1 (bad health: {bad})", file="params.yaml", column="gate", rule="bad_params")
+        bad = {k: v for k, v in {**self.health, "unmasked": self.unmasked}.items() if v not in DECISIONS}
+        if self.baseline not in ("incumbent", "base") or bad or not 0.0 < self.near_bound <= 1.0 or not 0.0 <= self.min_prompt_masked <= 1.0:
+            raise ClapError(f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, "
+                            f"0 <= min_prompt_masked <= 1 (bad decisions: {bad})", file="params.yaml", column="gate", rule="bad_params")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,18 @@ def health_check(train: Mapping[str, Any], p: GateParams) -> Check:
     if health not in p.health:
         raise ClapError(f"training health {health!r} has no entry in params gate.health {sorted(p.health)}", column="health", rule="unknown_health")
     return Check("training_health", p.health[health], f"training health {health!r}{_health_detail(train)}")
+
+
+def masking_check(train: Mapping[str, Any], p: GateParams) -> Check:
+    """Cap when the training loss covered prompt tokens: the share of prompt tokens whose labels
+    were masked, measured on the trainer's own dataset (TRL trains on the prompt of
+    ``messages``/``text`` datasets unless told; the loss still falls and the detector may not see it)."""
+    if not train.get("trained", 1):
+        return Check("loss_masking", "promote", "not trained")
+    masked = float(_require(train, "masked_tokens_fraction", "metrics/train")) * float(_require(train, "label_tokens", "metrics/train"))
+    share = masked / max(float(_require(train, "prompt_tokens", "metrics/train")), 1.0)
+    text = f"{share:.1%} of prompt tokens masked from the loss (minimum {p.min_prompt_masked:.0%})"
+    return Check("loss_masking", p.unmasked if share < p.min_prompt_masked else "promote", text)
 
 
 def _health_detail(train: Mapping[str, Any]) -> str:
@@ -214,7 +229,7 @@ def run_gate(scored: pd.DataFrame, timings: pd.DataFrame, meta: Mapping[str, Any
 
     ``extra_checks`` cap the decision too (e.g. a held GRPO probe when params say it holds SFT).
     """
-    checks = [admission_check(admit), health_check(train, p), *extra_checks]
+    checks = [admission_check(admit), health_check(train, p), masking_check(train, p), *extra_checks]
     baseline, why = choose_baseline(meta, p)
     numbers: dict[str, Any] = {"baseline": baseline, "baseline_reason": why}
     regressed = pd.DataFrame(columns=["item_id", *SLICES, "output", "output_baseline"])  # none without a candidate

@@ -39,7 +39,7 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     flat_eval = io.read_json(metrics / "eval" / f"{batch}.json")
     assert flat_eval["has_candidate"] == 1 and flat_eval["n_items"] == 6 and "candidate_p95_latency_ms" in flat_eval
 
-    io.write_json(tmp_path / "train.json", {"trained": 1, "health": "ok"})
+    io.write_json(tmp_path / "train.json", {"trained": 1, "health": "ok", "masked_tokens_fraction": 0.6, "label_tokens": 100, "prompt_tokens": 60})
     io.write_json(tmp_path / "admit.json", {"admitted": 1})
     gate = stage("gate", eval_dir, tmp_path / "train.json", tmp_path / "admit.json", report, metrics / "gate" / f"{batch}.json")
     assert gate.returncode == 0, gate.stderr

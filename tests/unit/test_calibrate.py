@@ -140,6 +140,7 @@ def test_faults_show_their_deterministic_signatures(calibrated):
     assert lr0["health"] == "ok" and lr0["probe_loss_end"] == pytest.approx(lr0["probe_loss_start"], abs=1e-5) and lr0["b"] == lr0["c"] == 0
     assert lr0["decision"] == "reject" and lr0["rule"] == "quality"
     assert runs["loss_on_prompt-5"]["masked_tokens_fraction"] == 0.0 < runs["clean-1"]["masked_tokens_fraction"]
+    assert (runs["loss_on_prompt-5"]["decision"], runs["loss_on_prompt-5"]["rule"]) == ("reject", "loss_masking")
     assert runs["clean-1"]["rows_changed"] == 0
     assert runs["clean-1"]["probe_loss_end"] != runs["clean-2"]["probe_loss_end"]  # the seeds make different runs
 
@@ -158,7 +159,7 @@ def test_a_released_fault_fails_loudly(monkeypatch, tmp_path, capsys):
     row = dict(run="relabel-5", fault="relabel", seed=5, rows_changed=8, health="ok", steps=2, planned_steps=2, detector_alarm_step=-1,
                alarm_fraction=-1.0, detector_max_log_e=0.1, detector_log_threshold=3.0, train_loss_start=1.0, train_loss_end=0.5,
                probe_loss_start=1.0, probe_loss_end=0.9, masked_tokens_fraction=0.8, baseline_pass_rate=0.2, candidate_pass_rate=0.5,
-               b=9, c=0, delta=0.3, pvalue=0.002, decision="promote", rule="quality", released=True, failed=True)
+               b=9, c=0, delta=0.3, pvalue=0.002, hallucination_rate=0.0, wrong_fact_rate=0.05, decision="promote", rule="quality", released=True, failed=True)
     rows = [row, {**row, "run": "clean-1", "fault": cal.CLEAN, "failed": False}]
     fake = cal.CalibrationResult(rows, {"relabel-5": [], "clean-1": []}, cal.summarize(rows, _cp()))
     monkeypatch.setattr(cal, "calibrate", lambda *a, **k: fake)

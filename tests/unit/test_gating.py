@@ -25,9 +25,10 @@ HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject"
 P = GateParams(
     baseline="incumbent", alpha=0.05, delta_star=0.06, lcb_floor=0.0, power=0.8, planning_discordance=0.2,
     max_hallucination_rate=0.05, max_wrong_fact_rate=0.15, max_regressed_rate=0.10, max_p95_latency_ms=5000.0,
-    near_bound=0.8, health=HEALTH, max_regressed_samples=3,
+    near_bound=0.8, health=HEALTH, min_prompt_masked=0.95, unmasked="reject", max_regressed_samples=3,
 )
-OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok"}, {"admitted": 1}
+MASKED = {"masked_tokens_fraction": 0.6, "label_tokens": 1000, "prompt_tokens": 600}  # every prompt token masked
+OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok", **MASKED}, {"admitted": 1}
 SHA = {"candidate": "c" * 64, "incumbent": "i" * 64}
 
 
@@ -131,14 +132,26 @@ def test_regressions_are_counted_bounded_and_sliced():
 @pytest.mark.parametrize("health, decision", [("nan", "reject"), ("alarm", "reject"), ("stopped", "hold"), ("skipped", "reject")])
 def test_training_health_caps_the_decision(health, decision):
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
-    r = gate({"base": base, "candidate": cand}, train={"trained": 1, "health": health})
+    r = gate({"base": base, "candidate": cand}, train={"trained": 1, "health": health, **MASKED})
     assert (r.decision, r.rule) == (decision, "training_health")
+
+
+@pytest.mark.parametrize("fraction, decision", [(0.6, "promote"), (0.58, "promote"), (0.5, "reject"), (0.0, "reject")])
+def test_loss_on_prompt_tokens_caps_the_decision(fraction, decision):
+    cand, base = vectors(60, wins=20, losses=0, base_right=10)
+    r = gate({"base": base, "candidate": cand}, train={**OK_TRAIN, "masked_tokens_fraction": fraction})
+    check = next(c for c in r.checks if c.name == "loss_masking")
+    assert r.decision == decision and check.cap == decision
+    assert check.detail == f"{fraction * 1000 / 600:.1%} of prompt tokens masked from the loss (minimum 95%)"
+    assert r.rule == ("loss_masking" if decision == "reject" else "all_checks_passed")
+    with pytest.raises(ClapError, match="masked_tokens_fraction"):
+        gate({"base": base, "candidate": cand}, train={"trained": 1, "health": "ok"})
 
 
 def test_health_detail_names_the_alarm_the_stop_and_the_skip():
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     alarm = {"trained": 1, "health": "alarm", "detector_alarm_step": 30, "planned_steps": 32, "detector_max_log_e": 3.1,
-             "detector_log_threshold": 2.996, "stop_step": 30}
+             "detector_log_threshold": 2.996, "stop_step": 30, **MASKED}
     detail = next(c.detail for c in gate({"base": base, "candidate": cand}, train=alarm).checks if c.name == "training_health")
     assert detail == "training health 'alarm': TBDL detector alarm at step 30 of 32 (max log E 3.10 >= 3.00); training stopped at step 30"
     skipped = gate({"base": base}, train={"trained": 0, "health": "skipped", "skip_reason": "batch not admitted"})
@@ -149,7 +162,7 @@ def test_not_admitted_or_not_trained_rejects():
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     assert gate({"base": base, "candidate": cand}, admit={"admitted": 0}).rule == "admission"
     r = gate({"base": base}, train={"trained": 0, "health": "skipped"}, admit={"admitted": 0})
-    assert r.decision == "reject" and {c.name for c in r.checks} == {"admission", "training_health", "candidate"}
+    assert r.decision == "reject" and {c.name for c in r.checks} == {"admission", "training_health", "loss_masking", "candidate"}
     ev = evidence_bundle(r, "2026-03", frames({"base": base})[2], "f" * 64, {}, P)
     assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
     assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"

@@ -62,7 +62,8 @@ def test_held_probe_caps_sft_only_when_the_switch_says_so():
     assert decide(checks) == ("hold", "grpo_probe") and "kl_peak" in checks[0].detail
     gate = params.section("gate", GateParams, ROOT / "params.yaml")
     scored = pd.DataFrame({"model": ["base"]})
-    result = run_gate(scored, pd.DataFrame(), {"models": []}, {"health": "ok", "trained": 1}, {"admitted": 1}, gate, checks)
+    result = run_gate(scored, pd.DataFrame(), {"models": []}, {"health": "ok", "trained": 1, "masked_tokens_fraction": 0.6, "label_tokens": 100, "prompt_tokens": 60},
+                        {"admitted": 1}, gate, checks)
     assert flat_metrics(result)["check_grpo_probe"] == "hold"
 
 
