@@ -73,7 +73,7 @@ def main() -> int:
         work = Path(tmp)
         admitted = batch_copy(args.root / "data/admitted" / args.batch, work, args.eval_items if args.reduced else 0)
         result = cal.calibrate(admitted, args.root / "models/base", work / "runs", cp, loop,
-                               on_row=lambda r: print(f"{r['run']}: {r['health']}, {r['decision']} ({r['rule']})", flush=True))
+                               on_row=lambda r: print(cal.progress_line(r), flush=True))
     wall = time.perf_counter() - started
     title = f"{args.batch}, real base" + (" (REDUCED smoke run: not a calibration)" if args.reduced else "")
     io.atomic_write_text(args.out.with_suffix(".md"), cal.render_markdown(result, title))

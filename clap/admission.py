@@ -315,19 +315,31 @@ class AdmissionResult:
     metrics: dict[str, Any]
 
 
-def _reason(c: Check) -> str:
+def reason(c: Check) -> str:
+    """A failed check as one line of the admission record's reasons."""
     kind = "" if c.blocking else "warning: "
     return f"{kind}{c.name} = {c.value:g}, required {c.op} {c.threshold:g}" + (f" ({c.detail})" if c.detail else "")
+
+
+def evidence_check(items: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab) -> Check:
+    """The share of items whose quote is verbatim in its cited doc and carries the value."""
+    ok = evidence_verifiable(items, kb_bodies(kb), vocab)
+    rate = float(ok.mean()) if len(ok) else 0.0
+    return check("evidence_verifiable_rate", rate, ">=", p.min_evidence_verifiable_rate, detail=f"{int((~ok).sum())} admitted item(s) unverifiable")
 
 
 def static_checks(pools: Mapping[str, pd.DataFrame], admitted: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitParams, vocab: Vocab) -> list[Check]:
     """Overlap, sizes, balance and evidence verifiability of the admitted splits."""
     held = pd.concat([admitted["eval"], admitted["probe"]])
     items = pd.concat([admitted[s] for s in SPLITS])
-    ok = evidence_verifiable(items, kb_bodies(pools["kb"]), vocab)
-    rate = float(ok.mean()) if len(ok) else 0.0
-    evidence = check("evidence_verifiable_rate", rate, ">=", p.min_evidence_verifiable_rate, detail=f"{int((~ok).sum())} admitted item(s) unverifiable")
-    return [*overlap_checks(pools, admitted), *size_checks(admitted, sizes, p.min_sizes), *balance_checks(admitted["sft"], held, p), evidence]
+    return [*overlap_checks(pools, admitted), *size_checks(admitted, sizes, p.min_sizes), *balance_checks(admitted["sft"], held, p),
+            evidence_check(items, pools["kb"], p, vocab)]
+
+
+def training_data_checks(sft: pd.DataFrame, held: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab) -> list[Check]:
+    """The admission checks that read D_sft's content (balance, evidence, label canary), for
+    re-checking training items changed after admission (``clap.calibrate``'s data faults)."""
+    return [*balance_checks(sft, held, p), evidence_check(sft, kb, p, vocab), *label_canary(sft, kb, p)[0]]
 
 
 def admit_batch(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitParams, vocab: Vocab, reward_fn: RewardFn, batch: str) -> AdmissionResult:
@@ -357,7 +369,7 @@ def admit_batch(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitPa
     record = {
         "batch": batch,
         "verdict": all(c.passed for c in checks if c.blocking),
-        "reasons": [_reason(c) for c in checks if not c.passed],
+        "reasons": [reason(c) for c in checks if not c.passed],
         "checks": [dataclasses.asdict(c) for c in checks],
         "counts": counts,
         "grpo": grpo_stats,

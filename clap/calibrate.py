@@ -17,8 +17,13 @@ on the batch's held-out items (:func:`clap.evaluation.evaluate`) and the gate
 Clean runs (no fault) over several seeds give the false-reject rate. The required outcome:
 no fault run gets a decision in ``calibrate.fail_on`` (promote, canary).
 
-Faults are injected after admission: the table measures what the training-time checks and
-the held-out gate catch on their own. The baseline is the base model (no incumbent).
+Faults are injected into a copy of the admitted batch, and admission's content checks
+(:func:`clap.admission.training_data_checks`: balance, evidence verifiability, label canary)
+re-run on the changed training items, as they would on a batch that arrived with the fault.
+Every run is then trained, evaluated and gated even when that re-check refuses it (the real
+loop would skip training), so the table shows what each layer catches on its own: the
+admission verdict, the gate without it ("gate alone") and the loop's decision (the gate
+with the admission verdict). The baseline is the base model (no incumbent).
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ import numpy as np
 import pandas as pd
 
 from clap import io
+from clap.admission import AdmitParams, reason, training_data_checks
 from clap.detector import DetectorParams
 from clap.diagnosis import curves_csv
 from clap.errors import ClapError
 from clap.evaluation import EvalParams, ModelSpec, adapter_sha256, evaluate
-from clap.gating import DECISION_CODE, GateParams, GateResult, run_gate
+from clap.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
 from clap.model import ADAPTER_FILE
+from clap.normalize import NormalizeParams, build_vocab
 from clap.prompt import ANSWER_FIELDS
 from clap.scoring import ScoringParams
 from clap.training import TrainParams, admitted, train_batch
@@ -80,6 +87,8 @@ class LoopParams:
     eval: EvalParams
     scoring: ScoringParams
     gate: GateParams
+    admit: AdmitParams
+    normalize: NormalizeParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +117,8 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
     """The ``calibrate`` section and the loop's sections of a params file."""
     from clap import params
 
-    sections = {"train": TrainParams, "detector": DetectorParams, "eval": EvalParams, "scoring": ScoringParams, "gate": GateParams}
+    sections = {"train": TrainParams, "detector": DetectorParams, "eval": EvalParams, "scoring": ScoringParams, "gate": GateParams,
+                "admit": AdmitParams, "normalize": NormalizeParams}
     loop = LoopParams(**{name: params.section(name, cls, path) for name, cls in sections.items()})
     return params.section("calibrate", CalibrateParams, path), loop
 
@@ -181,6 +191,17 @@ def prepare_batch(admitted_dir: Path, run_dir: Path, variant: Variant, cp: Calib
     return data, rows_changed(sft, dirty, RELABEL_COLUMNS)
 
 
+def readmit(data: Path, lp: LoopParams) -> dict[str, Any]:
+    """Admission's content checks on the run's training items (after its fault):
+    ``admitted``, the failed checks' reasons and the evidence-verifiable rate."""
+    sft, kb = io.read_parquet(data / "sft.parquet"), io.read_parquet(data / "kb.parquet")
+    held = pd.concat([io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "probe.parquet")])
+    checks = training_data_checks(sft, held, kb, lp.admit, build_vocab(lp.normalize))
+    failed = [c for c in checks if c.blocking and not c.passed]
+    evidence = next(c.value for c in checks if c.name == "evidence_verifiable_rate")
+    return {"admitted": not failed, "admission_reasons": "; ".join(reason(c) for c in failed), "evidence_verifiable_rate": evidence}
+
+
 # --- one run --------------------------------------------------------------------------------
 def candidate_spec(adapter_dir: Path) -> ModelSpec | None:
     """The candidate adapter, or None when training wrote no weights (batch skipped)."""
@@ -190,7 +211,7 @@ def candidate_spec(adapter_dir: Path) -> ModelSpec | None:
 
 
 def gate_run(base_eval: tuple[pd.DataFrame, pd.DataFrame], cand: ModelSpec | None, base_dir: Path, items: pd.DataFrame, kb: pd.DataFrame,
-             record: dict[str, Any], lp: LoopParams) -> GateResult:
+             record: dict[str, Any], admitted: bool, lp: LoopParams) -> GateResult:
     """Eval the candidate on the held-out items and decide with the real gate (baseline: base)."""
     specs = [ModelSpec("base", None, "", "")] + ([cand] if cand else [])
     scored, timings = base_eval
@@ -198,17 +219,18 @@ def gate_run(base_eval: tuple[pd.DataFrame, pd.DataFrame], cand: ModelSpec | Non
         c_scored, c_timings = evaluate([cand], base_dir, items, kb, lp.eval, lp.scoring)
         scored, timings = pd.concat([scored, c_scored], ignore_index=True), pd.concat([timings, c_timings], ignore_index=True)
     meta = {"models": [dataclasses.asdict(s) for s in specs], "production": {}}
-    return run_gate(scored, timings, meta, record, {"admitted": 1}, lp.gate)
+    return run_gate(scored, timings, meta, record, {"admitted": int(admitted)}, lp.gate)
 
 
-def table_row(variant: Variant, changed: int, record: dict[str, Any], gate: GateResult, cp: CalibrateParams) -> dict[str, Any]:
-    """One table row: the fault, training health and detector, held-out numbers, the decision."""
+def table_row(variant: Variant, changed: int, admission: dict[str, Any], record: dict[str, Any], gate: GateResult, cp: CalibrateParams) -> dict[str, Any]:
+    """One table row: the fault, admission, training health and detector, held-out numbers, the decisions."""
     n = gate.numbers
     keys = ("health", "steps", "planned_steps", "detector_alarm_step", "alarm_fraction", "detector_max_log_e", "detector_log_threshold",
             "train_loss_start", "train_loss_end", "probe_loss_start", "probe_loss_end", "masked_tokens_fraction")
-    row = {"run": variant.name, "fault": variant.fault, "seed": variant.seed, "rows_changed": changed, **{k: record.get(k, "") for k in keys}}
+    row = {"run": variant.name, "fault": variant.fault, "seed": variant.seed, "rows_changed": changed, **admission, **{k: record.get(k, "") for k in keys}}
     row.update({k: n.get(k, "") for k in ("baseline_pass_rate", "candidate_pass_rate", "b", "c", "delta", "pvalue", "hallucination_rate", "wrong_fact_rate")})
-    row.update(decision=gate.decision, rule=gate.rule, released=gate.decision in cp.fail_on)
+    alone = decide([c for c in gate.checks if c.name != "admission"])
+    row.update(gate_alone=alone[0], gate_alone_rule=alone[1], decision=gate.decision, rule=gate.rule, released=gate.decision in cp.fail_on)
     row["failed"] = variant.fault != CLEAN and row["released"]  # a fault that would ship: the calibration fails
     return row
 
@@ -217,13 +239,14 @@ def run_variant(admitted_dir: Path, base_dir: Path, run_dir: Path, variant: Vari
                 cp: CalibrateParams, lp: LoopParams) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Train, eval and gate one variant in ``run_dir``; (table row, training curves)."""
     data, changed = prepare_batch(admitted_dir, run_dir, variant, cp)
+    admission = readmit(data, lp)
     tp = fault_train_params(lp.train, variant, cp, run_dir / "checkpoints")
     result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector)
     items, kb = io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "kb.parquet")
-    gate = gate_run(base_eval, candidate_spec(run_dir / "adapter"), base_dir, items, kb, result.record, lp)
+    gate = gate_run(base_eval, candidate_spec(run_dir / "adapter"), base_dir, items, kb, result.record, admission["admitted"], lp)
     shutil.rmtree(run_dir)  # adapter and checkpoints: ~0.1-0.2 GB a run on the real base; the row and curves are kept
     gc.collect()  # each run loads a model; free it before the next
-    return table_row(variant, changed, result.record, gate, cp), result.curves
+    return table_row(variant, changed, admission, result.record, gate, cp), result.curves
 
 
 def calibrate(admitted_dir: Path | str, base_dir: Path | str, work_dir: Path | str, cp: CalibrateParams, lp: LoopParams,
@@ -259,7 +282,8 @@ def calibrate(admitted_dir: Path | str, base_dir: Path | str, work_dir: Path | s
 
 # --- outputs --------------------------------------------------------------------------------
 def summarize(rows: Sequence[dict[str, Any]], cp: CalibrateParams) -> dict[str, Any]:
-    """Aggregates: fault runs released (must be 0), the clean runs' false-reject and release rates."""
+    """Aggregates: fault runs released (must be 0), what admission and the gate alone caught,
+    the clean runs' false-reject, hold and release rates."""
     faults = [r for r in rows if r["fault"] != CLEAN]
     clean = [r for r in rows if r["fault"] == CLEAN]
     return {
@@ -267,14 +291,18 @@ def summarize(rows: Sequence[dict[str, Any]], cp: CalibrateParams) -> dict[str, 
         "faults_released": sum(r["released"] for r in faults),
         "no_fault_released": not any(r["released"] for r in faults),
         "fault_detector_alarms": sum(r["health"] == "alarm" for r in faults),
+        "fault_admission_refusals": sum(not r["admitted"] for r in faults),
+        "faults_released_by_gate_alone": sum(r["gate_alone"] in cp.fail_on for r in faults),
         "clean_false_reject_rate": sum(r["decision"] == "reject" for r in clean) / len(clean) if clean else -1.0,
+        "clean_hold_rate": sum(r["decision"] == "hold" for r in clean) / len(clean) if clean else -1.0,
         "clean_release_rate": sum(r["released"] for r in clean) / len(clean) if clean else -1.0,
+        "clean_admission_refusals": sum(not r["admitted"] for r in clean),
         "clean_detector_alarms": sum(r["health"] == "alarm" for r in clean),
         "fail_on": ",".join(cp.fail_on),
     }
 
 
-FLAT_FIELDS = ("health", "detector_alarm_step", "alarm_fraction", "decision", "delta")
+FLAT_FIELDS = ("admitted", "health", "detector_alarm_step", "alarm_fraction", "gate_alone", "decision", "delta")
 
 
 def flat_metrics(result: CalibrationResult) -> dict[str, Any]:
@@ -301,13 +329,20 @@ def _alarm(r: dict[str, Any]) -> str:
 
 def markdown_row(r: dict[str, Any]) -> str:
     """One row of the markdown table."""
-    cells = [r["run"], str(r["rows_changed"]), r["health"], f"{r['steps']}/{r['planned_steps']}", _alarm(r),
+    admission = "admitted" if r["admitted"] else f"**refused** ({r['admission_reasons']})"
+    cells = [r["run"], str(r["rows_changed"]), admission, r["health"], f"{r['steps']}/{r['planned_steps']}", _alarm(r),
              f"{_num(r['detector_max_log_e'], '.2f')} / {_num(r['detector_log_threshold'], '.2f')}",
              f"{_num(r['train_loss_start'])} → {_num(r['train_loss_end'])}", f"{_num(r['probe_loss_start'])} → {_num(r['probe_loss_end'])}",
              f"{_num(r['baseline_pass_rate'])} → {_num(r['candidate_pass_rate'])}", _num(r["delta"], "+.3f"), _num(r["pvalue"], ".3g"),
              f"{_num(r['hallucination_rate'])} / {_num(r['wrong_fact_rate'])}", _num(r["masked_tokens_fraction"]),
-             f"**{r['decision']}** ({r['rule']})", "FAIL: released" if r["failed"] else "ok"]
+             f"{r['gate_alone']} ({r['gate_alone_rule']})", f"**{r['decision']}** ({r['rule']})", "FAIL: released" if r["failed"] else "ok"]
     return "| " + " | ".join(cells) + " |"
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    """One finished run, for progress output."""
+    admission = "admitted" if r["admitted"] else "REFUSED by the admission re-check"
+    return f"{r['run']}: {admission}, health {r['health']}, gate alone {r['gate_alone']}, decision {r['decision']} ({r['rule']})"
 
 
 def render_markdown(result: CalibrationResult, title: str) -> str:
@@ -316,13 +351,16 @@ def render_markdown(result: CalibrationResult, title: str) -> str:
     verdict = "no fault was released" if s["no_fault_released"] else f"**{s['faults_released']} fault run(s) RELEASED**"
     lines = [
         f"# Fault-injection calibration: {title}", "",
-        "| run | rows changed | health | steps | detector alarm step (fraction) | max log E / threshold | train loss | probe loss | "
-        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate decision (rule) | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | rows changed | admission re-check | health | steps | detector alarm step (fraction) | max log E / threshold | train loss | probe loss | "
+        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate alone (rule) | loop decision (rule) | check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[markdown_row(r) for r in result.rows], "",
-        f"Fault runs: {s['fault_runs']}, {verdict} (fail on: {s['fail_on']}); detector alarms on faults: {s['fault_detector_alarms']}. "
-        f"Clean runs: {s['clean_runs']}, false-reject rate {_num(s['clean_false_reject_rate'], '.2f')}, "
-        f"release rate {_num(s['clean_release_rate'], '.2f')}, detector alarms {s['clean_detector_alarms']}.", "",
+        f"Fault runs: {s['fault_runs']}, {verdict} (fail on: {s['fail_on']}); refused by the admission re-check: {s['fault_admission_refusals']}, "
+        f"detector alarms: {s['fault_detector_alarms']}, released by the gate alone (without the admission verdict): {s['faults_released_by_gate_alone']}. "
+        f"Clean runs: {s['clean_runs']}, false-reject rate {_num(s['clean_false_reject_rate'], '.2f')}, hold rate {_num(s['clean_hold_rate'], '.2f')}, "
+        f"release rate {_num(s['clean_release_rate'], '.2f')}, admission refusals {s['clean_admission_refusals']}, detector alarms {s['clean_detector_alarms']}.", "",
+        "Admission re-check: admission's content checks re-run on the training items after the fault. Gate alone: the decision without "
+        "the admission verdict. Loop decision: with it (what the pipeline would do).", "",
     ]
     return "\n".join(lines)
 

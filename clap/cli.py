@@ -131,7 +131,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     cp, loop = cal.load_params(args.params)
     with tempfile.TemporaryDirectory(prefix="clap-calibrate-") as work:
-        result = cal.calibrate(args.admitted, args.base, work, cp, loop, on_row=lambda r: print(f"{r['run']}: health {r['health']}, {r['decision']} ({r['rule']})"))
+        result = cal.calibrate(args.admitted, args.base, work, cp, loop, on_row=lambda r: print(cal.progress_line(r), flush=True))
     cal.write_outputs(result, args.report_dir, args.metrics, args.admitted.name)
     print(f"wrote {args.report_dir / 'calibration.md'} and {args.metrics}")
     if not result.summary["no_fault_released"]:

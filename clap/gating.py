@@ -7,7 +7,9 @@ the baseline M with a pre-registered margin delta* and a lower confidence bound;
 hallucination and wrong-fact rates, regressed items, p95 latency against bounds; plus the
 training health and the admission verdict. Mapping (research notes, Argo Rollouts):
 inconclusive -> hold, failed -> reject, quality passes with a risk near its bound ->
-canary, not admitted or training failed -> reject.
+canary, not admitted or training failed -> reject. A rate over its bound is "failed" only
+when its exact one-sided lower bound is over it too; at the demo's N = 40 one extra
+hallucination (3/40 against 0.05) is noise, so it holds for a human instead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pandas as pd
 
 from clap.errors import ClapError
 from clap.evaluation import SLICES
-from clap.stats import PairedResult, minimum_detectable_effect, paired_test, required_pairs
+from clap.stats import PairedResult, minimum_detectable_effect, paired_test, rate_lcb, required_pairs
 
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
 DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
@@ -40,6 +42,7 @@ class GateParams:
     max_wrong_fact_rate: float
     max_regressed_rate: float
     max_p95_latency_ms: float
+    risk_alpha: float
     near_bound: float
     health: dict[str, str]
     min_prompt_masked: float
@@ -48,8 +51,8 @@ class GateParams:
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in {**self.health, "unmasked": self.unmasked}.items() if v not in DECISIONS}
-        if self.baseline not in ("incumbent", "base") or bad or not 0.0 < self.near_bound <= 1.0 or not 0.0 <= self.min_prompt_masked <= 1.0:
-            raise ClapError(f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, "
+        if self.baseline not in ("incumbent", "base") or bad or not 0.0 < self.near_bound <= 1.0 or not 0.0 < self.risk_alpha < 1.0 or not 0.0 <= self.min_prompt_masked <= 1.0:
+            raise ClapError(f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, 0 < risk_alpha < 1, "
                             f"0 <= min_prompt_masked <= 1 (bad decisions: {bad})", file="params.yaml", column="gate", rule="bad_params")
 
 
@@ -140,12 +143,18 @@ def quality_check(test: PairedResult, p: GateParams) -> Check:
     return Check("quality", "hold", f"gain >= delta* but not conclusive at alpha={p.alpha}, LCB floor {p.lcb_floor} ({stats})")
 
 
-def bound_check(name: str, value: float, bound: float, p: GateParams, unit: str = "") -> Check:
-    """A risk against its bound: over -> reject, within near_bound x bound of it -> canary."""
+def bound_check(name: str, value: float, bound: float, p: GateParams, unit: str = "", *, lcb: float | None = None) -> Check:
+    """A risk against its bound: over -> reject, within near_bound x bound of it -> canary.
+
+    With ``lcb`` (the rate's exact one-sided lower bound) a value over the bound rejects only
+    when the lower bound is over it too; otherwise the excess may be sampling noise: hold.
+    """
     text = f"{name} {value:.4g}{unit} vs bound {bound:g}{unit}"
     eps = 1e-12 * max(1.0, abs(bound))  # rates are ratios of counts: 4/100 must meet 0.8 x 0.05
     if value > bound + eps:
-        return Check(name, "reject", f"{text}: over the bound")
+        if lcb is None or lcb > bound + eps:
+            return Check(name, "reject", f"{text}: over the bound" + ("" if lcb is None else f" ({1 - p.risk_alpha:.0%} lower bound {lcb:.4g})"))
+        return Check(name, "hold", f"{text}: over the bound, but not beyond sampling noise ({1 - p.risk_alpha:.0%} lower bound {lcb:.4g} <= bound)")
     if value >= p.near_bound * bound - eps:
         return Check(name, "canary", f"{text}: near the bound (>= {p.near_bound:g} x bound)")
     return Check(name, "promote", f"{text}: within")
@@ -194,19 +203,17 @@ def p95_latency(timings: pd.DataFrame, role: str) -> float:
 def risk_checks(scored: pd.DataFrame, timings: pd.DataFrame, regressed: pd.DataFrame, p: GateParams) -> tuple[list[Check], dict[str, float]]:
     """Hallucination, wrong-fact, regression and latency checks of the candidate."""
     cand = scored[scored["model"] == "candidate"]
-    numbers = {
-        "hallucination_rate": float(cand["hallucination"].mean()),
-        "wrong_fact_rate": float(cand["wrong_fact"].mean()),
-        "regressed_count": int(len(regressed)),
-        "regressed_rate": float(len(regressed) / len(cand)),
-        "p95_latency_ms": p95_latency(timings, "candidate"),
-    }
-    checks = [
-        bound_check("hallucination_rate", numbers["hallucination_rate"], p.max_hallucination_rate, p),
-        bound_check("wrong_fact_rate", numbers["wrong_fact_rate"], p.max_wrong_fact_rate, p),
-        bound_check("regressed_rate", numbers["regressed_rate"], p.max_regressed_rate, p),
-        bound_check("p95_latency_ms", numbers["p95_latency_ms"], p.max_p95_latency_ms, p, " ms"),
-    ]
+    n = len(cand)
+    counts = {"hallucination": int(cand["hallucination"].sum()), "wrong_fact": int(cand["wrong_fact"].sum()), "regressed": int(len(regressed))}
+    bounds = {"hallucination": p.max_hallucination_rate, "wrong_fact": p.max_wrong_fact_rate, "regressed": p.max_regressed_rate}
+    numbers: dict[str, float] = {"regressed_count": counts["regressed"]}
+    checks = []
+    for name, k in counts.items():
+        rate, lcb = k / n, rate_lcb(k, n, p.risk_alpha)
+        numbers.update({f"{name}_rate": rate, f"{name}_rate_lcb": lcb})
+        checks.append(bound_check(f"{name}_rate", rate, bounds[name], p, lcb=lcb))
+    numbers["p95_latency_ms"] = p95_latency(timings, "candidate")
+    checks.append(bound_check("p95_latency_ms", numbers["p95_latency_ms"], p.max_p95_latency_ms, p, " ms"))
     return checks, numbers
 
 

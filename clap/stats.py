@@ -7,7 +7,9 @@ evidence (p = 1). The paired difference is (b - c) / N over all N pairs. Because
 "p < alpha and delta_hat >= delta*" passes only about half the time when the true gain
 equals delta*, the gate also reports a one-sided lower confidence bound on the difference
 (Tango's score bound) and the minimum detectable effect for the N actually used
-(exact conditional power, as SAS PROC POWER DIST=EXACT_COND).
+(exact conditional power, as SAS PROC POWER DIST=EXACT_COND). Risk rates (hallucination,
+wrong facts, regressions) get an exact one-sided lower bound, so a gate rejects only a rate
+that is over its bound beyond sampling noise at the N used.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.stats import binom, binomtest, norm
+from scipy.stats import beta, binom, binomtest, norm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,17 @@ def paired_lcb(n: int, b: int, c: int, alpha: float) -> float:
     if _tango_gap(hi, n, b, c, z) >= 0.0:  # zero variance at the estimate: step inside
         hi -= 1e-9
     return float(brentq(_tango_gap, -1.0, hi, args=(n, b, c, z), xtol=1e-10))
+
+
+def rate_lcb(k: int, n: int, alpha: float) -> float:
+    """One-sided ``1 - alpha`` exact (Clopper-Pearson) lower confidence bound on a rate ``k / n``.
+
+    The smallest true rate under which seeing ``k`` or more events in ``n`` has probability
+    at least alpha; 0 when ``k == 0``.
+    """
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    return 0.0 if k == 0 else float(beta.ppf(alpha, k, n - k + 1))
 
 
 def paired_test(candidate: Sequence[bool], baseline: Sequence[bool], alpha: float) -> PairedResult:

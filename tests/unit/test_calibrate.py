@@ -67,6 +67,17 @@ def test_relabel_moves_every_answer_with_its_cited_doc_and_keeps_the_questions(t
     assert cal.corrupt_sft(sft, "lr_zero", 0.5, seed=9) is sft
 
 
+@pytest.mark.parametrize("fault, admitted", [("clean", True), ("relabel", True), ("dirty_values", False), ("dirty_evidence", False)])
+def test_admission_recheck_refuses_dirty_quotes_but_not_a_consistent_relabel(tmp_path, fault, admitted):
+    data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=2, seed=0, n_combos=16)
+    _, loop = cal.load_params(_tiny_params(tmp_path / "params.yaml"))
+    copy, changed = cal.prepare_batch(data, tmp_path / "run", cal.Variant(fault, 9), _cp())
+    verdict = cal.readmit(copy, loop)
+    assert verdict["admitted"] is admitted
+    assert verdict["evidence_verifiable_rate"] == (1.0 if admitted else (16 - changed) / 16) and (fault == "clean") == (changed == 0)
+    assert ("evidence_verifiable_rate" in verdict["admission_reasons"]) is not admitted
+
+
 def test_plan_runs_each_fault_per_seed_then_the_clean_seeds():
     names = [v.name for v in cal.plan(_cp(faults=["nan", "relabel"], fault_seeds=[5, 6]))]
     assert names == ["nan-5", "nan-6", "relabel-5", "relabel-6", "clean-1", "clean-2"]
@@ -87,12 +98,13 @@ def test_each_training_fault_sets_its_knob_and_the_run_gets_its_own_seed_and_che
 
 
 # --- the loop on the tiny model (one calibration, several assertions) --------------------------
-def _tiny_params(path: Path, tiny_base: Path) -> Path:
+def _tiny_params(path: Path) -> Path:
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["train"].update(torch_threads=1, max_steps=2, batch_size=2, max_length=512, save_steps=1000, lr=1e-2, warmup_ratio=0.0)
     p["detector"].update(pilot_items=2, every_steps=1, probe_draw=1)
     p["eval"].update(batch_size=8, max_new_tokens=8)
     p["calibrate"].update(faults=FAULTS, fault_seeds=[5], clean_seeds=CLEAN_SEEDS, nan_at_step=2)
+    p["admit"].update(min_metrics=1, max_metric_share=1.0)  # the tiny batch has 2 metrics
     path.write_text(yaml.safe_dump(p, sort_keys=False))
     return path
 
@@ -104,7 +116,7 @@ def calibrated(tiny_base, tmp_path_factory):
     data = write_tiny_admitted(root / "data/admitted/tiny", n_sft=8, n_probe=4, seed=0, n_combos=8)
     before = {f.name: f.read_bytes() for f in data.iterdir()}
     status = cli.main(["calibrate", str(data), "--base", str(tiny_base), "--report-dir", str(root / "reports"),
-                       "--metrics", str(root / "metrics.json"), "--params", str(_tiny_params(root / "params.yaml", tiny_base))])
+                       "--metrics", str(root / "metrics.json"), "--params", str(_tiny_params(root / "params.yaml"))])
     assert {f.name: f.read_bytes() for f in data.iterdir()} == before  # faults go into copies, never in place
     runs = {r["run"]: r for r in json.loads((root / "reports/runs.json").read_text())["runs"]}
     return status, root / "reports", json.loads((root / "metrics.json").read_text()), runs
@@ -128,6 +140,7 @@ def test_no_fault_is_released_and_clean_rates_follow_the_rows(calibrated):
     clean = [r for r in runs.values() if r["fault"] == cal.CLEAN]
     assert metrics["no_fault_released"] is True and not any(r["released"] or r["failed"] for r in faults)
     assert metrics["clean_false_reject_rate"] == sum(r["decision"] == "reject" for r in clean) / len(clean)
+    assert all(r["admitted"] and r["gate_alone"] == r["decision"] for r in runs.values())  # these faults leave the data alone
     assert all(r["baseline_pass_rate"] == 0.0 for r in runs.values())  # a random tiny model: nothing can be promoted here
 
 
@@ -159,7 +172,8 @@ def test_a_released_fault_fails_loudly(monkeypatch, tmp_path, capsys):
     row = dict(run="relabel-5", fault="relabel", seed=5, rows_changed=8, health="ok", steps=2, planned_steps=2, detector_alarm_step=-1,
                alarm_fraction=-1.0, detector_max_log_e=0.1, detector_log_threshold=3.0, train_loss_start=1.0, train_loss_end=0.5,
                probe_loss_start=1.0, probe_loss_end=0.9, masked_tokens_fraction=0.8, baseline_pass_rate=0.2, candidate_pass_rate=0.5,
-               b=9, c=0, delta=0.3, pvalue=0.002, hallucination_rate=0.0, wrong_fact_rate=0.05, decision="promote", rule="quality", released=True, failed=True)
+               b=9, c=0, delta=0.3, pvalue=0.002, hallucination_rate=0.0, wrong_fact_rate=0.05, admitted=True, admission_reasons="",
+               evidence_verifiable_rate=1.0, gate_alone="promote", gate_alone_rule="quality", decision="promote", rule="quality", released=True, failed=True)
     rows = [row, {**row, "run": "clean-1", "fault": cal.CLEAN, "failed": False}]
     fake = cal.CalibrationResult(rows, {"relabel-5": [], "clean-1": []}, cal.summarize(rows, _cp()))
     monkeypatch.setattr(cal, "calibrate", lambda *a, **k: fake)

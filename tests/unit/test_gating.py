@@ -25,7 +25,7 @@ HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject"
 P = GateParams(
     baseline="incumbent", alpha=0.05, delta_star=0.06, lcb_floor=0.0, power=0.8, planning_discordance=0.2,
     max_hallucination_rate=0.05, max_wrong_fact_rate=0.15, max_regressed_rate=0.10, max_p95_latency_ms=5000.0,
-    near_bound=0.8, health=HEALTH, min_prompt_masked=0.95, unmasked="reject", max_regressed_samples=3,
+    risk_alpha=0.05, near_bound=0.8, health=HEALTH, min_prompt_masked=0.95, unmasked="reject", max_regressed_samples=3,
 )
 MASKED = {"masked_tokens_fraction": 0.6, "label_tokens": 1000, "prompt_tokens": 600}  # every prompt token masked
 OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok", **MASKED}, {"admitted": 1}
@@ -113,7 +113,10 @@ def test_risk_near_bound_canaries_and_over_bound_rejects():
     cand, base = vectors(100, wins=30, losses=0, base_right=20)
     near = gate({"base": base, "candidate": cand}, halluc=4)  # 4 % vs bound 5 %
     assert (near.decision, near.rule) == ("canary", "hallucination_rate")
-    over = gate({"base": base, "candidate": cand}, halluc=6)
+    noise = gate({"base": base, "candidate": cand}, halluc=6)  # 6 % > 5 %, but the 95 % lower bound is 2.6 %
+    assert (noise.decision, noise.rule) == ("hold", "hallucination_rate")
+    assert noise.numbers["hallucination_rate_lcb"] == pytest.approx(0.0264, abs=1e-4)
+    over = gate({"base": base, "candidate": cand}, halluc=12)  # lower bound 7.1 % > 5 %
     assert (over.decision, over.rule) == ("reject", "hallucination_rate")
     slow = gate({"base": base, "candidate": cand}, latency_ms=6000.0)
     assert (slow.decision, slow.rule) == ("reject", "p95_latency_ms")
@@ -121,8 +124,9 @@ def test_risk_near_bound_canaries_and_over_bound_rejects():
 
 def test_regressions_are_counted_bounded_and_sliced():
     cand, base = vectors(100, wins=40, losses=12, base_right=30)
-    r = gate({"base": base, "candidate": cand})
-    assert r.numbers["regressed_count"] == 12 and r.rule == "regressed_rate" and r.decision == "reject"
+    r = gate({"base": base, "candidate": cand})  # 12 % > 10 %, lower bound 7.1 %: not conclusive
+    assert r.numbers["regressed_count"] == 12 and r.rule == "regressed_rate" and r.decision == "hold"
+    assert gate({"base": base, "candidate": vectors(100, wins=60, losses=20, base_right=30)[0]}).decision == "reject"  # 20 %: LCB 13.7 %
     ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {"gate": {"alpha": 0.05}}, P)
     assert ev["regressed"]["item_ids"] == [f"e{i:03d}" for i in range(12)]
     assert ev["regressed"]["by_slice"]["metric"] == {"oee": 6, "scrap_rate": 6}
@@ -186,7 +190,9 @@ def test_missing_or_unknown_inputs_are_loud():
 def test_bound_check_edges():
     assert bound_check("x", 0.05, 0.05, P).cap == "canary"  # at the bound: within, but near it
     assert bound_check("x", 0.0, 0.05, P).cap == "promote"
-    assert bound_check("x", 0.0501, 0.05, P).cap == "reject"
+    assert bound_check("x", 0.0501, 0.05, P).cap == "reject"  # no lower bound given (latency): over is over
+    assert bound_check("x", 0.075, 0.05, P, lcb=0.0208).cap == "hold"
+    assert bound_check("x", 0.15, 0.05, P, lcb=0.0674).cap == "reject"
 
 
 def test_flat_metrics_and_report():

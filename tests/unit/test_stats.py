@@ -14,6 +14,7 @@ from clap.stats import (
     minimum_detectable_effect,
     paired_lcb,
     paired_test,
+    rate_lcb,
     required_pairs,
 )
 
@@ -80,6 +81,29 @@ def test_lower_bound_covers_the_true_difference():
     b = rng.binomial(d, (disc + delta) / (2 * disc))
     covered = np.mean([paired_lcb(n, int(bi), int(di - bi), 0.05) <= delta for bi, di in zip(b, d)])
     assert covered >= 0.95 - 3 * np.sqrt(0.05 * 0.95 / reps)
+
+
+@pytest.mark.parametrize("k, n", [(1, 40), (3, 40), (6, 100), (39, 40)])
+def test_rate_lcb_is_where_the_upper_tail_equals_alpha(k, n):
+    lcb = rate_lcb(k, n, 0.05)
+    assert 0.0 < lcb < k / n
+    assert binom.sf(k - 1, n, lcb) == pytest.approx(0.05, abs=1e-9)  # P(X >= k | rate = lcb) = alpha
+
+
+def test_rate_lcb_hand_cases():
+    assert rate_lcb(0, 40, 0.05) == 0.0
+    assert rate_lcb(40, 40, 0.05) == pytest.approx(0.05 ** (1 / 40))  # all events: p^n = alpha
+    assert rate_lcb(3, 40, 0.05) < 0.05 < rate_lcb(6, 40, 0.05)  # 3/40 is noise against 0.05, 6/40 is not
+    with pytest.raises(ValueError):
+        rate_lcb(5, 4, 0.05)
+
+
+def test_rate_lcb_covers_the_true_rate():
+    rng = np.random.default_rng(11)
+    n, rate, reps = 40, 0.05, 4000
+    k = rng.binomial(n, rate, reps)
+    covered = np.mean([rate_lcb(int(ki), n, 0.05) <= rate for ki in k])
+    assert covered >= 0.95  # exact bounds are conservative: never below the level
 
 
 def test_power_table_case_delta_006_discordance_02_needs_369_pairs():
