@@ -5,7 +5,9 @@ lowest cap and the rule is the check that set it, so every outcome carries the e
 reason and all the others. Quality: one-sided exact McNemar on paired pass/fail against
 the baseline M with a pre-registered margin delta* and a lower confidence bound; risk:
 hallucination and wrong-fact rates, regressed items, p95 latency against bounds; plus the
-training health and the admission verdict. Mapping (research notes, Argo Rollouts):
+training health and the admission verdict; and the application-chain replay's numbers
+(``chain_*`` checks, policy ``gate.chain``: the gate stage runs after replay). Mapping
+(research notes, Argo Rollouts):
 inconclusive -> hold, failed -> reject, quality passes with a risk near its bound ->
 canary, not admitted or training failed -> reject. A rate over its bound is "failed" only
 when its exact one-sided lower bound is over it too; at the demo's N = 40 one extra
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -26,6 +28,22 @@ from clap.stats import PairedResult, minimum_detectable_effect, paired_test, rat
 
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
 DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
+CHAIN_PREFIX = "chain_"  # names of the checks on the application-chain replay
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPolicy:
+    """Params ``gate.chain``: what the application-chain replay (metrics/replay) must show."""
+
+    core_tolerance: float
+    evidence_tolerance: float
+    value_tolerance: float
+    min_value_accuracy: float
+    latency_soft_budget_ms: float
+
+    def __post_init__(self) -> None:
+        if min(self.core_tolerance, self.evidence_tolerance, self.value_tolerance, self.latency_soft_budget_ms) < 0 or not 0 <= self.min_value_accuracy <= 1:
+            raise ClapError("gate.chain: tolerances and latency budget >= 0, min_value_accuracy in [0, 1]", file="params.yaml", column="gate.chain", rule="bad_params")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +66,7 @@ class GateParams:
     min_prompt_masked: float
     unmasked: str
     max_regressed_samples: int
+    chain: ChainPolicy
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in {**self.health, "unmasked": self.unmasked}.items() if v not in DECISIONS}
@@ -180,10 +199,46 @@ def regressions_by_slice(regressed: pd.DataFrame) -> dict[str, dict[str, int]]:
     return {s: {str(k): int(v) for k, v in regressed[s].value_counts().sort_index().items()} for s in SLICES}
 
 
+def _chain_not_worse(name: str, m: Mapping[str, Any], key: str, tol: float) -> Check:
+    a, b = float(_require(m, f"A_{key}", "metrics/replay")), float(_require(m, f"B_{key}", "metrics/replay"))
+    text = f"chain B {b:.3f} vs A {a:.3f} (tolerance {tol:g})"
+    if b < a - tol - 1e-12:  # rates are ratios of counts: equality must not flip on float noise
+        return Check(name, "hold", f"{text}: the adapter is worse inside the chain than the base")
+    return Check(name, "promote", f"{text}: not worse")
+
+
+def chain_checks(replay: Mapping[str, Any], p: ChainPolicy) -> list[Check]:
+    """The replay's numbers (A base+RAG, B adapter+RAG) against ``gate.chain``: B not worse than A
+    on core fields, answer evidence and value; B's value accuracy over a floor (an adapter that
+    wins offline but not inside the application chain is held); the adapter's p95 latency cost
+    over a soft budget caps at canary."""
+    if not _require(replay, "n_cases", "metrics/replay"):
+        return [Check("chain_cases", "hold", "no replay cases: the chain was not exercised")]
+    if not (_require(replay, "A_run", "metrics/replay") and _require(replay, "B_run", "metrics/replay")):
+        return [Check("chain_adapter", "hold", "no trained adapter: replay conditions B and D not run, nothing to release")]
+    checks = [_chain_not_worse("chain_core_fields", replay, "core_accuracy", p.core_tolerance),
+              _chain_not_worse("chain_answer_evidence", replay, "answer_evidence_rate", p.evidence_tolerance),
+              _chain_not_worse("chain_value", replay, "value_accuracy", p.value_tolerance)]
+    b = float(replay["B_value_accuracy"])
+    floor = f"chain B value accuracy {b:.3f} vs floor {p.min_value_accuracy:g}"
+    checks.append(Check("chain_value_floor", "hold", f"{floor}: the offline gain does not carry into the application chain")
+                  if b < p.min_value_accuracy - 1e-12 else Check("chain_value_floor", "promote", f"{floor}: the chain answers"))
+    cost = float(_require(replay, "adapter_latency_cost_ms", "metrics/replay"))
+    over = cost > p.latency_soft_budget_ms
+    checks.append(Check("chain_latency_cost", "canary" if over else "promote",
+                        f"adapter p95 latency cost in the chain {cost:+.0f} ms vs soft budget {p.latency_soft_budget_ms:g} ms" + (": over, canary first" if over else "")))
+    return checks
+
+
 def decide(checks: Sequence[Check]) -> tuple[str, str]:
     """(decision, rule): the lowest cap and the first check that set it (``all_checks_passed`` when none capped)."""
     low = min(checks, key=lambda c: DECISION_CODE[c.cap])
     return low.cap, (low.name if low.cap != "promote" else "all_checks_passed")
+
+
+def offline_decision(checks: Iterable[Check]) -> tuple[str, str]:
+    """(decision, rule) without the ``chain_*`` checks: held-out eval, training and admission only."""
+    return decide([c for c in checks if not c.name.startswith(CHAIN_PREFIX)])
 
 
 def _require(record: Mapping[str, Any], key: str, what: str) -> Any:
@@ -234,9 +289,10 @@ def run_gate(scored: pd.DataFrame, timings: pd.DataFrame, meta: Mapping[str, Any
              extra_checks: Sequence[Check] = ()) -> GateResult:
     """Apply the gate policy to one batch's eval records and training/admission records.
 
-    ``extra_checks`` cap the decision too (e.g. a held GRPO probe when params say it holds SFT).
+    ``extra_checks`` cap the decision too, listed after the gate's own (so on a tie the rule
+    names an offline check): a held GRPO probe when params say it holds SFT, the chain checks.
     """
-    checks = [admission_check(admit), health_check(train, p), masking_check(train, p), *extra_checks]
+    checks = [admission_check(admit), health_check(train, p), masking_check(train, p)]
     baseline, why = choose_baseline(meta, p)
     numbers: dict[str, Any] = {"baseline": baseline, "baseline_reason": why}
     regressed = pd.DataFrame(columns=["item_id", *SLICES, "output", "output_baseline"])  # none without a candidate
@@ -249,13 +305,17 @@ def run_gate(scored: pd.DataFrame, timings: pd.DataFrame, meta: Mapping[str, Any
         risks, risk_numbers = risk_checks(scored, timings, regressed, p)
         checks += [quality_check(test, p), *risks]
         numbers.update(quality_numbers(test, pairs, p), **risk_numbers)
+    checks += extra_checks
     decision, rule = decide(checks)
     return GateResult(decision, rule, checks, numbers, regressed)
 
 
 def flat_metrics(result: GateResult) -> dict[str, Any]:
-    """The flat gate metrics: decision (text and code), rule, numbers, each check's cap."""
-    out = {"decision": result.decision, "decision_code": DECISION_CODE[result.decision], "rule": result.rule}
+    """The flat gate metrics: decision (text and code), rule, the decision without the chain
+    checks (``offline_*``: held-out eval, training and admission only), numbers, each check's cap."""
+    offline = offline_decision(result.checks)
+    out = {"decision": result.decision, "decision_code": DECISION_CODE[result.decision], "rule": result.rule,
+           "offline_decision": offline[0], "offline_rule": offline[1]}
     out.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in result.numbers.items()})
     out.update({f"check_{c.name}": c.cap for c in result.checks})
     return out
@@ -303,6 +363,9 @@ def evidence_bundle(result: GateResult, batch: str, meta: Mapping[str, Any], ite
     }
 
 
+CHAIN_REPORTED = (("value", "value_accuracy"), ("core fields", "core_accuracy"), ("answer evidence", "answer_evidence_rate"))
+
+
 def render_report(evidence: Mapping[str, Any]) -> str:
     """A short, PR-ready markdown report of one gate decision."""
     n = evidence["numbers"]
@@ -322,6 +385,11 @@ def render_report(evidence: Mapping[str, Any]) -> str:
             f"MDE at 80 % power with N={n['n_items']}: {n['mde_observed']:.3f} (observed discordance {n['discordance']:.2f}), "
             f"{n['mde_planned']:.3f} (planned); N needed for delta* at the planned discordance: {n['n_required_planned']}.",
         ]
+    chain = evidence.get("replay", {})
+    if chain.get("A_run") and chain.get("B_run"):
+        lines += ["", f"Application chain ({chain['n_cases']} replay cases, `reports/replay/{evidence['batch']}/report.md`), A base+RAG → B adapter+RAG: "
+                  + ", ".join(f"{label} {chain[f'A_{k}']:.3f} → {chain[f'B_{k}']:.3f}" for label, k in CHAIN_REPORTED)
+                  + f"; the decision without these `chain_*` checks: {offline_decision(Check(**c) for c in evidence['reasons'])[0]}."]
     reg = evidence["regressed"]
     lines += ["", f"Regressed items (baseline right, candidate wrong): {reg['count']}"]
     for col, counts in reg["by_slice"].items():

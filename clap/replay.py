@@ -1,4 +1,4 @@
-"""Application-chain replay: CLAP's ABCD experiment and the batch's final release decision.
+"""Application-chain replay: CLAP's ABCD experiment.
 
 The replay cases (``replay.parquet``: questions with gold answers and no context) go
 through the real application chain (:mod:`clap.chain`) under four conditions:
@@ -18,9 +18,10 @@ B - D measure *RAG necessity*; B - A the *adapter's contribution* inside the cha
 carries the value), and B p95 - A p95 its latency cost. A batch without a trained adapter
 runs A and C only.
 
-The final decision starts from the gate's and can only go down (promote > canary > hold >
-reject), like the gate's own checks: each replay check caps it, the lowest cap wins and
-the first check that set it is the rule.
+Replay measures; it does not decide. Its numbers (``metrics/replay/<b>.json``) are read by
+the gate stage, which runs after it: the chain checks (:func:`clap.gating.chain_checks`,
+policy ``gate.chain``) cap the release decision like every other gate check. So a change of
+release policy re-runs the gate, never these generations.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import pandas as pd
 from clap.chain import ChainAnswer, ChainParams, build_index, load_chain
 from clap.errors import ClapError
 from clap.evaluation import SCORED_COLUMNS, score_generations
-from clap.gating import DECISION_CODE, DECISIONS, Check
 from clap.prompt import CORE_FIELDS
 from clap.scoring import ScoringParams
 
@@ -47,20 +47,13 @@ PLOT_METRICS = ("value_accuracy", "core_accuracy", "answer_evidence_rate", "retr
 
 @dataclasses.dataclass(frozen=True)
 class ReplayParams:
-    """Params section ``replay`` (generation batch size and the final-decision rule)."""
+    """Params section ``replay`` (how the chain is run; the policy on its numbers is ``gate.chain``)."""
 
     batch_size: int
-    core_tolerance: float
-    evidence_tolerance: float
-    value_tolerance: float
-    min_value_accuracy: float
-    latency_soft_budget_ms: float
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or min(self.core_tolerance, self.evidence_tolerance, self.value_tolerance, self.latency_soft_budget_ms) < 0:
-            raise ClapError("replay: batch_size >= 1 and tolerances/budget >= 0", file="params.yaml", column="replay", rule="bad_params")
-        if not 0 <= self.min_value_accuracy <= 1:
-            raise ClapError("replay: min_value_accuracy must be in [0, 1]", file="params.yaml", column="replay.min_value_accuracy", rule="bad_params")
+        if self.batch_size < 1:
+            raise ClapError("replay: batch_size must be >= 1", file="params.yaml", column="replay.batch_size", rule="bad_params")
 
 
 # ------------------------------------------------------------------ running the conditions
@@ -156,71 +149,6 @@ def replay_metrics(cases: pd.DataFrame, timings: pd.DataFrame, n_cases: int, has
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
 
 
-# ------------------------------------------------------------------ the final decision
-
-
-def _not_worse(name: str, m: Mapping[str, Any], key: str, tol: float) -> Check:
-    a, b = m[f"A_{key}"], m[f"B_{key}"]
-    text = f"B {b:.3f} vs A {a:.3f} (tolerance {tol:g})"
-    if b < a - tol - 1e-12:  # rates are ratios of counts: equality must not flip on float noise
-        return Check(name, "hold", f"{text}: the adapter is worse inside the chain than the base")
-    return Check(name, "promote", f"{text}: not worse")
-
-
-def _chain_value_floor(m: Mapping[str, Any], floor: float) -> Check:
-    b = m["B_value_accuracy"]
-    text = f"B value accuracy {b:.3f} vs floor {floor:g}"
-    if b < floor - 1e-12:
-        return Check("chain_value", "hold", f"{text}: the offline gain does not carry into the application chain")
-    return Check("chain_value", "promote", f"{text}: the chain answers")
-
-
-def replay_checks(gate_decision: str, m: Mapping[str, Any], p: ReplayParams) -> list[Check]:
-    """Every check of the final decision, the gate's own decision first."""
-    checks = [Check("gate", gate_decision, f"the gate decided {gate_decision}")]
-    if not m["n_cases"]:
-        return checks + [Check("replay_cases", "hold", "no replay cases: the chain was not exercised")]
-    if not (m["B_run"] and m["A_run"]):
-        return checks + [Check("adapter", "hold", "no trained adapter: conditions B and D not run, nothing to release")]
-    checks += [
-        _not_worse("core_fields", m, "core_accuracy", p.core_tolerance),
-        _not_worse("answer_evidence", m, "answer_evidence_rate", p.evidence_tolerance),
-        _not_worse("value", m, "value_accuracy", p.value_tolerance),
-        _chain_value_floor(m, p.min_value_accuracy),
-    ]
-    cost = m["adapter_latency_cost_ms"]
-    over = cost > p.latency_soft_budget_ms
-    checks.append(Check("latency_cost", "canary" if over else "promote",
-                        f"adapter p95 latency cost {cost:+.0f} ms vs soft budget {p.latency_soft_budget_ms:g} ms" + (": over, canary first" if over else "")))
-    return checks
-
-
-def final_decision(checks: Sequence[Check]) -> tuple[str, str]:
-    """(decision, rule): the lowest cap of all checks and the first check that set it."""
-    if checks[0].cap not in DECISION_CODE:
-        raise ClapError(f"gate decision {checks[0].cap!r} is not one of {DECISIONS}", column="decision", rule="bad_gate_record")
-    lowest = min(DECISION_CODE[c.cap] for c in checks)
-    rule = next(c.name for c in checks if DECISION_CODE[c.cap] == lowest)
-    return DECISIONS[lowest], rule
-
-
-def decision_metrics(checks: Sequence[Check]) -> dict[str, Any]:
-    """The flat decision fields: gate and final decision (text and code), rule, every check's cap."""
-    decision, rule = final_decision(checks)
-    out: dict[str, Any] = {"gate_decision": checks[0].cap, "gate_decision_code": DECISION_CODE[checks[0].cap],
-                           "final_decision": decision, "final_decision_code": DECISION_CODE[decision], "final_rule": rule}
-    out.update({f"check_{c.name}": c.cap for c in checks[1:]})
-    return out
-
-
-def read_gate_decision(record: Any, file: Any) -> str:
-    """The ``decision`` of a flat gate record (``metrics/gate/<b>.json``), checked."""
-    decision = record.get("decision") if isinstance(record, dict) else None
-    if decision not in DECISION_CODE:
-        raise ClapError(f"gate record has no valid 'decision' (one of {DECISIONS}), found {decision!r}", file=file, column="decision", rule="bad_gate_record")
-    return decision
-
-
 # ------------------------------------------------------------------ report and plot data
 
 
@@ -234,10 +162,9 @@ def _cell(m: Mapping[str, Any], cond: str, key: str, fmt: str) -> str:
     return format(m[f"{cond}_{key}"], fmt) if m.get(f"{cond}_run") else "not run"
 
 
-def render_report(batch: str, m: Mapping[str, Any], checks: Sequence[Check]) -> str:
-    """The replay report: the ABCD table, RAG necessity, adapter contribution, the final decision."""
-    d = decision_metrics(checks)
-    lines = [f"# Replay {batch}: final decision **{d['final_decision'].upper()}** (gate: {d['gate_decision']}, rule: `{d['final_rule']}`)", "",
+def render_report(batch: str, m: Mapping[str, Any]) -> str:
+    """The replay report: the ABCD table, RAG necessity and the adapter's contribution."""
+    lines = [f"# Replay {batch}: the application chain under four conditions", "",
              f"{m['n_cases']} replay cases through the application chain (retrieval -> prompt -> generation -> parsing); "
              "latency = retrieval + the case's share of its batched generation.", "",
              "| condition | model | RAG | value acc. | core-field acc. | answer-evidence | retrieval hit | parse rate | p95 latency (ms) |",
@@ -246,8 +173,9 @@ def render_report(batch: str, m: Mapping[str, Any], checks: Sequence[Check]) -> 
         cells = [_cell(m, cond, k, ".3f") if rag or k != "retrieval_hit_rate" else "—"  # nothing retrieved without RAG
                  for k in ("value_accuracy", "core_accuracy", "answer_evidence_rate", "retrieval_hit_rate", "parse_rate")]
         lines.append(f"| {cond} | {model} | {'on' if rag else 'off'} | " + " | ".join(cells) + f" | {_cell(m, cond, 'p95_latency_ms', '.0f')} |")
-    lines += ["", *_delta_lines(m), "", "| check | allows | detail |", "|---|---|---|"]
-    lines += [f"| {c.name} | {c.cap} | {c.detail} |" for c in checks] + [""]
+    lines += ["", *_delta_lines(m), "",
+              f"The gate decides on these numbers (policy `gate.chain`: B not worse than A, a value floor for B, the adapter's "
+              f"latency cost): see its `chain_*` checks in `reports/gate/{batch}/report.md`.", ""]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """The cross-batch summary (CLAP's table): base -> candidate per batch, the mean, and the
 batches that regressed, flagged even when the mean improved; per batch the training health
-(detector alarm), the gate's decision and the final decision after replay."""
+(detector alarm), the offline decision (held-out eval, training, admission) and the release
+decision (the gate with its application-chain checks)."""
 
 from __future__ import annotations
 
@@ -45,13 +46,12 @@ def _record(metrics_dir: Path, stage: str, batch: str) -> tuple[dict[str, Any], 
 
 
 def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str, Any]:
-    """One batch: training health, gate and final decision and, per metric, base, candidate and delta (None without a candidate)."""
-    (ev, eval_path), (gate, gate_path), (train, train_path), (replay, replay_path) = (
-        _record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train", "replay"))
+    """One batch: training health, offline and release decision and, per metric, base, candidate and delta (None without a candidate)."""
+    (ev, eval_path), (gate, gate_path), (train, train_path) = (_record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train"))
     row: dict[str, Any] = {
         "batch": batch, "health": _get(train, "health", train_path), "alarm_step": int(_get(train, "detector_alarm_step", train_path)),
-        "alarm_fraction": float(_get(train, "alarm_fraction", train_path)), "gate_decision": _get(gate, "decision", gate_path),
-        "decision": _get(replay, "final_decision", replay_path), "final_rule": _get(replay, "final_rule", replay_path),
+        "alarm_fraction": float(_get(train, "alarm_fraction", train_path)), "offline_decision": _get(gate, "offline_decision", gate_path),
+        "decision": _get(gate, "decision", gate_path), "rule": _get(gate, "rule", gate_path),
         "has_candidate": bool(_get(ev, "has_candidate", eval_path))}
     for m in p.metrics:
         base = float(_get(ev, f"base_{m}", eval_path))
@@ -102,17 +102,18 @@ def _cell(row: dict[str, Any], m: str) -> str:
 
 def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: SummaryParams) -> str:
     """The cross-batch table (base → candidate (delta) per metric), the mean row and the flags."""
-    head = ["batch", "training", "gate", "final", *p.metrics, "regressed"]
+    head = ["batch", "training", "offline", "decision", *p.metrics, "regressed"]
     lines = ["# Cross-batch summary (base → candidate)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         flag = "**REGRESSED**" if r["regressed"] else ("no candidate" if not r["has_candidate"] else "")
-        lines.append(f"| {r['batch']} | {_training(r)} | {r['gate_decision']} | **{r['decision']}** | "
+        lines.append(f"| {r['batch']} | {_training(r)} | {r['offline_decision']} | **{r['decision']}** | "
                      + " | ".join(_cell(r, m) for m in p.metrics) + f" | {flag} |")
     if flat["n_with_candidate"]:
         means = [f"{flat[f'mean_base_{m}']:.4g} → {flat[f'mean_candidate_{m}']:.4g} ({flat[f'mean_delta_{m}']:+.4g})" for m in p.metrics]
         lines.append(f"| mean ({flat['n_with_candidate']} trained) | | | | " + " | ".join(means) + " | |")
-    lines += ["", "Final decisions (gate, then replay): " + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS)) + "."]
-    lines += [f"- {r['batch']}: {r['decision']} by rule `{r['final_rule']}`" for r in rows]
+    lines += ["", "Decisions (offline: held-out eval, training, admission; decision: with the application-chain checks): "
+              + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS)) + "."]
+    lines += [f"- {r['batch']}: {r['decision']} by rule `{r['rule']}`" for r in rows]
     if flat["regressed_batches"]:
         note = " even though the mean improved" if flat["mean_improved_but_batch_regressed"] else ""
         lines.append(f"Regressed batches (candidate worse than base on {', '.join(p.regression_metrics)}){note}: **{flat['regressed_batches']}**.")

@@ -1,11 +1,13 @@
 """gate: the post-training release decision for one batch, with its evidence bundle.
 
-usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
+usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json metrics/replay/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
 
-in:  data/eval/<b>/{items,timings}.parquet + manifest.json; the flat training and admission
-     records; params.yaml `gate` (the policy) and, for the evidence, `sizes admit train scoring eval`
-out: metrics/gate/<b>.json (flat; decision as text and code: promote 3, canary 2, hold 1, reject 0),
-     reports/gate/<b>/evidence.json (hashes, params, commit, regressed samples), reports/gate/<b>/report.md
+in:  data/eval/<b>/{items,timings}.parquet + manifest.json; the flat training, admission and
+     application-chain replay records; params.yaml `gate` (the whole release policy, `gate.chain`
+     for the replay) and, for the evidence, `sizes admit train scoring eval`
+out: metrics/gate/<b>.json (flat; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
+     decision without the chain checks as offline_decision), reports/gate/<b>/evidence.json (hashes, params,
+     commit, regressed samples, the replay record), reports/gate/<b>/report.md
 with the GRPO probe record: the batch's GRPO-candidate decision (grpo_* fields, evidence["grpo"] with the KL
 evidence, a report section); it caps the SFT decision only when params `grpo.hold_sft_on_hold` is true.
 """
@@ -19,9 +21,9 @@ from clap import determinism, io, params, stage
 from clap import grpo_policy as grpo
 from clap.errors import ClapError
 from clap.evaluation import read_scored
-from clap.gating import GateParams, evidence_bundle, flat_metrics, render_report, run_gate
+from clap.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
 
-USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
+USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
 EVIDENCE_SECTIONS = ("sizes", "admit", "train", "scoring", "eval", "gate")
 
 
@@ -33,16 +35,17 @@ def read_record(path: Path) -> dict:
     return record
 
 
-def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, metrics_path: Path, grpo_json: Path | None = None) -> dict:
+def run(eval_dir: Path, train_json: Path, admit_json: Path, replay_json: Path, report_dir: Path, metrics_path: Path, grpo_json: Path | None = None) -> dict:
     """Decide one batch (and its GRPO candidate, given the probe record); write the report folder and metrics."""
     p = params.section("gate", GateParams)
     scored, timings, meta = read_scored(eval_dir)
-    train, admit = read_record(train_json), read_record(admit_json)
+    train, admit, replay = read_record(train_json), read_record(admit_json), read_record(replay_json)
     probe = read_record(grpo_json) if grpo_json else None
     extra = grpo.sft_checks(probe, params.section("grpo", grpo.GrpoParams)) if probe else []
-    result = run_gate(scored, timings, meta, train, admit, p, extra)
+    result = run_gate(scored, timings, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)])
     used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
     evidence = evidence_bundle(result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p)
+    evidence["replay"] = replay  # its cases_sha256 binds the scored cases (the record's own bytes hold timings)
     report = render_report(evidence)
     metrics = {**flat_metrics(result), **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams))}
     if probe:
@@ -57,8 +60,9 @@ def run(eval_dir: Path, train_json: Path, admit_json: Path, report_dir: Path, me
 
 
 def describe(argv, metrics: dict) -> str:
-    return f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']})"
+    return (f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']}; "
+            f"offline checks alone: {metrics['offline_decision']})")
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (5, 6), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (6, 7), run, describe))

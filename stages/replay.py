@@ -1,12 +1,12 @@
-"""replay: CLAP's ABCD application-chain replay of one batch and its final release decision.
+"""replay: CLAP's ABCD application-chain replay of one batch (the gate, run next, decides on it).
 
-usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> metrics/gate/<b>.json data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
+usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
 
 in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if trained);
-     the gate's flat decision record; params.yaml `chain`, `replay`, `scoring`
+     params.yaml `chain`, `replay`, `scoring`
 out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
-     reports/replay/<b>/report.md (ABCD table, final decision and its reasons);
-     flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, final_decision[_code]);
+     reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution);
+     flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, adapter latency cost);
      plot data csv (condition, metric, value, series)
 """
 
@@ -19,20 +19,18 @@ from pathlib import Path
 from clap import io, params, stage
 from clap.chain import ChainParams
 from clap.model import ADAPTER_FILE, base_sha256, default_device
-from clap.replay import (ReplayParams, decision_metrics, plot_rows, read_gate_decision, render_report, replay_checks,
-                         replay_metrics, run_conditions, score_conditions)
+from clap.replay import ReplayParams, plot_rows, render_report, replay_metrics, run_conditions, score_conditions
 from clap.scoring import ScoringParams
 from schemas.normalized import validate_frame
 from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
 
-USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR GATE_JSON DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
+USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
 
 
-def run(admitted: Path, base: Path, adapter: Path, gate_json: Path, data_dir: Path, report_dir: Path, metrics_path: Path, plot_csv: Path) -> dict:
+def run(admitted: Path, base: Path, adapter: Path, data_dir: Path, report_dir: Path, metrics_path: Path, plot_csv: Path) -> dict:
     """Replay one batch; write cases, report, metrics and plot data; return the metrics."""
     started = time.perf_counter()
     cp, rp, sp = params.section("chain", ChainParams), params.section("replay", ReplayParams), params.section("scoring", ScoringParams)
-    gate = read_gate_decision(io.read_json(gate_json), gate_json)
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
     answers = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp)
@@ -40,25 +38,24 @@ def run(admitted: Path, base: Path, adapter: Path, gate_json: Path, data_dir: Pa
     cases = validate_frame(ReplayCases, cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
     numbers = replay_metrics(cases, timings, len(items), has_adapter)
-    checks = replay_checks(gate, numbers, rp)
     plot = validate_frame(ReplayPlot, plot_rows(numbers), str(plot_csv))
     with io.atomic_dir(data_dir) as tmp:
         io.write_parquet(tmp / "cases.parquet", cases)
         io.write_parquet(tmp / "timings.parquet", timings)
     with io.atomic_dir(report_dir) as tmp:
-        io.atomic_write_text(tmp / "report.md", render_report(admitted.name, numbers, checks))
+        io.atomic_write_text(tmp / "report.md", render_report(admitted.name, numbers))
     io.atomic_write_text(plot_csv, plot.to_csv(index=False, lineterminator="\n"))
-    identity = {"base_sha256": base_sha256(base), "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE) if has_adapter else ""}
-    metrics = {**numbers, **decision_metrics(checks), **identity, "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    identity = {"base_sha256": base_sha256(base), "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE) if has_adapter else "",
+                "cases_sha256": io.sha256_file(data_dir / "cases.parquet")}  # deterministic (timings are kept apart): the gate's evidence binds it
+    metrics = {**numbers, **identity, "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
     io.write_json(metrics_path, metrics)
     return metrics
 
 
 def describe(argv, m: dict) -> str:
     abcd = ", ".join(f"{c} value {m[f'{c}_value_accuracy']:.3f} core {m[f'{c}_core_accuracy']:.3f}" for c in "ABCD" if m.get(f"{c}_run"))
-    return (f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}; final {m['final_decision']} "
-            f"(gate {m['gate_decision']}, rule {m['final_rule']})")
+    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}"
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (8,), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (7,), run, describe))

@@ -9,9 +9,11 @@ own dvc.lock, cache and outputs are never touched.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
+import yaml
 from conftest import E2E_BATCH as BATCH
 from conftest import run_dvc
 
@@ -41,3 +43,29 @@ def test_dvc_repro_runs_every_stage_then_is_a_noop(tiny_repo, tiny_run):
     status = run_dvc(tiny_repo, "status")
     assert "up to date" in status.stdout, status.stdout
     print(f"no-op dvc repro: {time.perf_counter() - start:.2f} s")
+
+
+def _ran(run) -> list[str]:
+    return re.findall(r"Running stage '([^']+)'", run.stdout)
+
+
+@pytest.mark.parametrize("knob", [("alpha", 0.04), ("chain", "min_value_accuracy", 0.9)])
+def test_a_gate_policy_change_reruns_only_gate_and_summary(tiny_repo, tiny_run, knob):
+    assert tiny_run.returncode == 0
+    path = tiny_repo / "params.yaml"
+    original = path.read_text()
+    p = yaml.safe_load(original)
+    section = p["gate"]
+    for key in knob[:-2]:  # a nested knob (gate.chain.*): the application-chain policy, decided by the gate too
+        section = section[key]
+    section[knob[-2]] = knob[-1]
+    try:
+        path.write_text(yaml.safe_dump(p, sort_keys=False))
+        changed = run_dvc(tiny_repo, "repro")
+        assert changed.returncode == 0, changed.stderr[-3000:]
+        ran = _ran(changed)  # summary re-runs when the gate's metrics changed
+        assert ran[:1] == [f"gate@{BATCH}"] and set(ran) <= {f"gate@{BATCH}", "summary"}, changed.stdout[-3000:]  # never replay nor eval
+    finally:
+        path.write_text(original)
+    back = run_dvc(tiny_repo, "repro")  # the other e2e tests see the original run's decisions again
+    assert back.returncode == 0 and set(_ran(back)) <= {f"gate@{BATCH}", "summary"}

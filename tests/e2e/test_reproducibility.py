@@ -64,7 +64,7 @@ def test_verify_reproduces_decisions_and_hashes(tiny_repo, committed, monkeypatc
     rows = {r.artifact: r for r in result.rows}
     assert result.commit == committed
     assert result.failures == [] and result.batches == [BATCH]
-    for key in (f"metrics/gate/{BATCH}.json:decision", f"metrics/replay/{BATCH}.json:final_decision"):
+    for key in (f"metrics/gate/{BATCH}.json:decision", f"metrics/gate/{BATCH}.json:offline_decision"):
         assert rows[key].kind == "decision" and rows[key].status == "match"
     for path in (f"models/adapters/{BATCH}/adapter_model.safetensors", f"data/eval/{BATCH}/items.parquet",
                  f"data/assets/{BATCH}/sft.parquet", f"data/admitted/{BATCH}/sft.parquet"):

@@ -1,4 +1,6 @@
-"""Smoke runs of stages/eval.py -> stages/gate.py -> stages/summary.py on a tiny batch (subprocess)."""
+"""Smoke runs of stages/eval.py -> stages/gate.py -> stages/summary.py on a tiny batch (subprocess).
+
+The replay record the gate reads is written as stages/replay.py writes it (its own smoke test runs it)."""
 
 from __future__ import annotations
 
@@ -41,24 +43,28 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
 
     io.write_json(tmp_path / "train.json", {"trained": 1, "health": "ok", "masked_tokens_fraction": 0.6, "label_tokens": 100, "prompt_tokens": 60})
     io.write_json(tmp_path / "admit.json", {"admitted": 1})
-    gate = stage("gate", eval_dir, tmp_path / "train.json", tmp_path / "admit.json", report, metrics / "gate" / f"{batch}.json")
+    chain = {"n_cases": 3, "A_run": 1, "B_run": 1, "adapter_latency_cost_ms": 40.0, "cases_sha256": "c" * 64,
+             **{f"{c}_{k}": v for c, v in (("A", 0.0), ("B", 0.0)) for k in ("core_accuracy", "answer_evidence_rate", "value_accuracy")}}
+    io.write_json(tmp_path / "replay.json", chain)
+    gate = stage("gate", eval_dir, tmp_path / "train.json", tmp_path / "admit.json", tmp_path / "replay.json", report, metrics / "gate" / f"{batch}.json")
     assert gate.returncode == 0, gate.stderr
     decision = io.read_json(metrics / "gate" / f"{batch}.json")
     assert (decision["decision"], decision["rule"], decision["decision_code"]) == ("reject", "quality", 0)  # random models: no gain
+    assert decision["offline_decision"] == "reject" and decision["check_chain_value_floor"] == "hold"  # B gets no value right
     evidence = io.read_json(report / "evidence.json")
     assert evidence["eval_items_sha256"] == io.sha256_file(eval_dir / "items.parquet")
     assert evidence["datasets_sha256"]["eval.parquet"] == io.sha256_file(admitted / "eval.parquet")
     assert set(evidence["params"]) >= {"gate", "scoring", "eval"} and evidence["git_commit"]
+    assert evidence["replay"] == chain
     assert "**REJECT**" in (report / "report.md").read_text()
 
-    broken = stage("gate", eval_dir, tmp_path / "missing-train.json", tmp_path / "admit.json", report, tmp_path / "g.json")
+    broken = stage("gate", eval_dir, tmp_path / "missing-train.json", tmp_path / "admit.json", tmp_path / "replay.json", report, tmp_path / "g.json")
     assert broken.returncode == 2 and broken.stderr.startswith("error:") and "Traceback" not in broken.stderr
 
-    # training and replay records as those stages write them (their own smoke tests run them)
+    # the training record as that stage writes it (its own smoke test runs it)
     io.write_json(metrics / "train" / f"{batch}.json", {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0})
-    io.write_json(metrics / "replay" / f"{batch}.json", {"final_decision": decision["decision"], "final_rule": "gate"})
     for other in params.raw_section("batches", ROOT / "params.yaml"):  # the summary covers every configured batch
-        for kind in ("eval", "gate", "train", "replay"):
+        for kind in ("eval", "gate", "train"):
             if other != batch:
                 shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
     out = stage("summary", metrics, tmp_path / "summary.md", tmp_path / "summary.json", tmp_path / "summary.csv")

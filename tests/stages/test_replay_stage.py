@@ -17,31 +17,30 @@ from schemas.replay import ReplayCases
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_replay_stage_writes_abcd_records_and_final_decision(tiny_base, tmp_path):
+def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     batch = "2026-01"
     admitted = write_tiny_admitted(tmp_path / "data/admitted" / batch, n_sft=2, n_probe=3, seed=11)
     adapter = make_tiny_adapter(tiny_base, tmp_path / "models/adapters" / batch, seed=6)
-    gate = tmp_path / "metrics/gate" / f"{batch}.json"
-    io.write_json(gate, {"decision": "hold", "decision_code": 1, "rule": "quality"})
     data, report, metrics, plot = (tmp_path / "data/replay" / batch, tmp_path / "reports/replay" / batch,
                                    tmp_path / "metrics/replay" / f"{batch}.json", tmp_path / "plots/replay" / f"{batch}.csv")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model on a shared 2-core machine: one thread
-    run = subprocess.run([sys.executable, "stages/replay.py", *map(str, (admitted, tiny_base, adapter, gate, data, report, metrics, plot))],
+    run = subprocess.run([sys.executable, "stages/replay.py", *map(str, (admitted, tiny_base, adapter, data, report, metrics, plot))],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert "final hold" in run.stdout
+    assert "3 cases" in run.stdout
 
     cases = validate_frame(ReplayCases, io.read_parquet(data / "cases.parquet"), "cases.parquet")
     assert cases.groupby("condition").size().to_dict() == {"A": 3, "B": 3, "C": 3, "D": 3}
     assert len(io.read_parquet(data / "timings.parquet")) == 12
     m = io.read_json(metrics)
     assert all(isinstance(v, (int, float, str)) for v in m.values())
-    assert (m["final_decision"], m["final_decision_code"], m["final_rule"], m["gate_decision"]) == ("hold", 1, "gate", "hold")
+    assert not {"decision", "final_decision", "check_core_fields"} & set(m)  # replay measures; the gate decides
     assert m["adapter_sha256"] == io.sha256_file(adapter / "adapter_model.safetensors") and m["n_cases"] == 3
+    assert m["cases_sha256"] == io.sha256_file(data / "cases.parquet")
     assert {"A_value_accuracy", "B_core_accuracy", "D_answer_evidence_rate", "rag_necessity_value", "adapter_contribution_core",
-            "adapter_latency_cost_ms", "check_core_fields", "wall_s"} <= set(m)
+            "adapter_latency_cost_ms", "wall_s"} <= set(m)
     text = (report / "report.md").read_text(encoding="utf-8")
-    assert "| B | adapter | on |" in text and "HOLD" in text
+    assert "| B | adapter | on |" in text and f"reports/gate/{batch}/report.md" in text
     with plot.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and {r["condition"] for r in rows} == set("ABCD")

@@ -13,8 +13,12 @@ from clap.errors import ClapError
 from clap.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
 from clap.gating import (
     DECISION_CODE,
+    ChainPolicy,
+    Check,
     GateParams,
     bound_check,
+    chain_checks,
+    decide,
     evidence_bundle,
     flat_metrics,
     render_report,
@@ -26,6 +30,7 @@ P = GateParams(
     baseline="incumbent", alpha=0.05, delta_star=0.06, lcb_floor=0.0, power=0.8, planning_discordance=0.2,
     max_hallucination_rate=0.05, max_wrong_fact_rate=0.15, max_regressed_rate=0.10, max_p95_latency_ms=5000.0,
     risk_alpha=0.05, near_bound=0.8, health=HEALTH, min_prompt_masked=0.95, unmasked="reject", max_regressed_samples=3,
+    chain=ChainPolicy(core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, min_value_accuracy=0.5, latency_soft_budget_ms=500.0),
 )
 MASKED = {"masked_tokens_fraction": 0.6, "label_tokens": 1000, "prompt_tokens": 600}  # every prompt token masked
 OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok", **MASKED}, {"admitted": 1}
@@ -211,3 +216,50 @@ def test_params_section_loads_and_bad_policy_is_refused():
     assert params.section("gate", GateParams).alpha > 0
     with pytest.raises(ClapError):
         dataclasses.replace(P, health={"ok": "ship-it"})
+
+
+# --- the application-chain checks (metrics/replay under gate.chain) ----------------------------
+def _chain(a_core=0.7, b_core=0.8, a_ev=0.3, b_ev=0.5, a_val=0.8, b_val=0.8, cost=100.0, n=40, adapter=True):
+    return {"n_cases": n, "A_run": int(n > 0), "B_run": int(adapter and n > 0), "A_core_accuracy": a_core, "B_core_accuracy": b_core,
+            "A_answer_evidence_rate": a_ev, "B_answer_evidence_rate": b_ev, "A_value_accuracy": a_val, "B_value_accuracy": b_val,
+            "adapter_latency_cost_ms": cost}
+
+
+@pytest.mark.parametrize("offline, numbers, expected", [
+    ("promote", _chain(), ("promote", "all_checks_passed")),
+    ("canary", _chain(), ("canary", "offline")),
+    ("hold", _chain(b_core=0.9), ("hold", "offline")),  # the chain never upgrades
+    ("reject", _chain(b_core=0.0), ("reject", "offline")),
+    ("promote", _chain(b_core=0.6), ("hold", "chain_core_fields")),  # the chain contradicts the held-out eval
+    ("canary", _chain(b_ev=0.2), ("hold", "chain_answer_evidence")),
+    ("promote", _chain(b_val=0.7), ("hold", "chain_value")),
+    ("promote", _chain(a_val=0.0, b_val=0.4), ("hold", "chain_value_floor")),  # better than base, still not usable in the chain
+    ("promote", _chain(a_val=0.0, b_val=0.5), ("promote", "all_checks_passed")),  # exactly at the floor
+    ("promote", _chain(b_core=0.65), ("promote", "all_checks_passed")),  # exactly at the tolerance: not worse
+    ("promote", _chain(cost=900.0), ("canary", "chain_latency_cost")),
+    ("canary", _chain(cost=900.0), ("canary", "offline")),
+    ("promote", _chain(adapter=False), ("hold", "chain_adapter")),
+    ("promote", _chain(n=0), ("hold", "chain_cases")),
+])
+def test_chain_checks_cap_the_decision(offline, numbers, expected):
+    assert decide([Check("offline", offline, "the other checks"), *chain_checks(numbers, P.chain)]) == expected
+
+
+def test_chain_checks_are_part_of_the_gate_and_reported_apart():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    scored, timings, meta = frames({"base": base, "candidate": cand})
+    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P, chain_checks(_chain(b_val=0.7), P.chain))
+    flat = flat_metrics(r)
+    assert (flat["decision"], flat["rule"], flat["offline_decision"], flat["offline_rule"]) == ("hold", "chain_value", "promote", "all_checks_passed")
+    ev = evidence_bundle(r, "2026-02", meta, "f" * 64, {}, P)
+    ev["replay"] = _chain(b_val=0.7)
+    report = render_report(ev)
+    assert "A base+RAG → B adapter+RAG: value 0.800 → 0.700" in report and "without these `chain_*` checks: promote" in report
+
+
+def test_a_replay_record_missing_a_number_is_loud():
+    record = _chain()
+    del record["B_value_accuracy"]
+    with pytest.raises(ClapError, match="B_value_accuracy") as e:
+        chain_checks(record, P.chain)
+    assert e.value.rule == "missing_metric"

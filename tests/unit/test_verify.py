@@ -26,12 +26,12 @@ def vp() -> vf.VerifyParams:
 
 def test_keys_are_classified_by_params(vp):
     kinds = {key: vf.classify_key(key, vp) for key in (
-        "decision", "final_decision", "wall_s", "candidate_p95_latency_ms", "reasons.p95_latency_ms.detail", "git_commit",
-        "torch_version", "adapter_sha256", "datasets_sha256.sft.parquet", "candidate_pass_rate", "reasons.quality.detail", "check_latency_cost")}
-    assert kinds == {"decision": "decision", "final_decision": "decision", "wall_s": "timing", "candidate_p95_latency_ms": "timing",
+        "decision", "offline_decision", "wall_s", "candidate_p95_latency_ms", "reasons.p95_latency_ms.detail", "git_commit",
+        "torch_version", "adapter_sha256", "datasets_sha256.sft.parquet", "candidate_pass_rate", "reasons.quality.detail", "check_chain_latency_cost")}
+    assert kinds == {"decision": "decision", "offline_decision": "decision", "wall_s": "timing", "candidate_p95_latency_ms": "timing",
                      "reasons.p95_latency_ms.detail": "timing", "git_commit": "provenance", "torch_version": "environment",
                      "adapter_sha256": "hash", "datasets_sha256.sft.parquet": "hash", "candidate_pass_rate": "value",
-                     "reasons.quality.detail": "value", "check_latency_cost": "timing"}
+                     "reasons.quality.detail": "value", "check_chain_latency_cost": "timing"}
 
 
 def test_flatten_keys_named_lists_by_name_and_keeps_empty_containers():
