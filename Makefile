@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean-venv
+.PHONY: install lint demo test test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ install: $(STAMP)
 demo: install
 	PATH=$(abspath $(BIN)):$$PATH dvc repro
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	PATH=$(abspath $(BIN)):$$PATH python -m pytest
+
+# everything but the `slow` end-to-end runs (dvc repro on a tiny config): for local iteration
+test-fast: lint
+	PATH=$(abspath $(BIN)):$$PATH python -m pytest -m "not slow"
 
 clean-venv:
 	rm -rf $(VENV)

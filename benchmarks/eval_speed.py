@@ -1,7 +1,7 @@
 """Eval generation speed: clap's batched greedy generation vs naive per-item ``model.generate``.
 
 Same model (models/base), same prompts (the first eval questions of a raw demo batch with
-their retrieved documents, through clap.prompt), same greedy budget (params ``eval``). The
+their retrieved documents, through clap.task.prompt), same greedy budget (params ``eval``). The
 naive loop is what a first implementation does: one unpadded ``generate`` call per item.
 Outputs must be identical token for token; the result is the items/s ratio. One run each.
 Committed: ``results/eval_speed.json`` (the base model, whose answers ramble to the budget)
@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from clap import io, params
-from clap.evaluation import EvalParams
-from clap.generate import encode_chats, generate_batched, stop_ids
-from clap.model import load_model, load_tokenizer
-from clap.prompt import build_messages
+from clap.judge.evaluation import EvalParams
+from clap.model.base import load_model, load_tokenizer
+from clap.model.generate import encode_chats, generate_batched, stop_ids
+from clap.task.prompt import build_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,9 +46,20 @@ def _jsonl(path: Path) -> list[dict]:
 
 def raw_chats(batch_dir: Path, n: int) -> list[list[dict[str, str]]]:
     """The first ``n`` eval questions of a raw batch with their retrieved documents as context."""
-    kb = {d["doc_id"]: d["body"] for d in _jsonl(batch_dir / "kb_documents.jsonl") if isinstance(d.get("body"), str)}
-    questions = [q for q in _jsonl(batch_dir / "question_log.jsonl") if q.get("split") == "eval" and isinstance(q.get("question"), str)]
-    return [build_messages(q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb]) for q in questions[:n]]
+    kb = {
+        d["doc_id"]: d["body"]
+        for d in _jsonl(batch_dir / "kb_documents.jsonl")
+        if isinstance(d.get("body"), str)
+    }
+    questions = [
+        q
+        for q in _jsonl(batch_dir / "question_log.jsonl")
+        if q.get("split") == "eval" and isinstance(q.get("question"), str)
+    ]
+    return [
+        build_messages(q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb])
+        for q in questions[:n]
+    ]
 
 
 def naive(model, tok, chats, max_new_tokens: int) -> tuple[list[str], float]:
@@ -56,9 +67,14 @@ def naive(model, tok, chats, max_new_tokens: int) -> tuple[list[str], float]:
     texts, start = [], time.perf_counter()
     for ids in encode_chats(tok, chats):
         with torch.inference_mode():
-            out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=stop_ids(model, tok))
-        texts.append(tok.decode(out[0, len(ids):], skip_special_tokens=True))
+            out = model.generate(
+                input_ids=torch.tensor([ids]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=stop_ids(model, tok),
+            )
+        texts.append(tok.decode(out[0, len(ids) :], skip_special_tokens=True))
     return texts, time.perf_counter() - start
 
 
@@ -67,9 +83,17 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=32)
     ap.add_argument("--batch", default="2026-01")
     ap.add_argument("--base", type=Path, default=ROOT / "models/base")
-    ap.add_argument("--adapter", type=Path, help="a trained adapter folder (its answers stop at EOS; the base often rambles)")
+    ap.add_argument(
+        "--adapter",
+        type=Path,
+        help="a trained adapter folder (its answers stop at EOS; the base often rambles)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core)")
-    ap.add_argument("--prefill", action="store_true", help="also time prompt processing alone (max_new_tokens=1) both ways")
+    ap.add_argument(
+        "--prefill",
+        action="store_true",
+        help="also time prompt processing alone (max_new_tokens=1) both ways",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.threads:
@@ -78,22 +102,33 @@ def main() -> None:
     chats = raw_chats(ROOT / "data/raw" / args.batch, args.items)
     model, tok = load_model(args.base, args.adapter), load_tokenizer(args.base, padding_side="left")
     start = time.perf_counter()
-    gens = generate_batched(model, tok, chats, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc="batched")
+    gens = generate_batched(
+        model, tok, chats, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc="batched"
+    )
     batched_s = time.perf_counter() - start
     naive_texts, naive_s = naive(model, tok, chats, p.max_new_tokens)
     same = sum(g.text == t for g, t in zip(gens, naive_texts))
     result = {
-        "items": len(chats), "batch_size": p.batch_size, "max_new_tokens": p.max_new_tokens,
+        "items": len(chats),
+        "batch_size": p.batch_size,
+        "max_new_tokens": p.max_new_tokens,
         "model": f"{args.base.name}" + (f" + adapter {args.adapter.name}" if args.adapter else ""),
         "longest_answer_tokens": max(g.new_tokens for g in gens),
         # decode steps: naive runs one per new token; a batch runs until its longest answer ends
         "naive_decode_steps": sum(g.new_tokens for g in gens),
-        "batched_decode_steps": sum(max(g.new_tokens for g in gens if g.batch_index == b) for b in {g.batch_index for g in gens}),
-        "batched_s": round(batched_s, 2), "naive_s": round(naive_s, 2),
-        "batched_items_per_s": round(len(chats) / batched_s, 3), "naive_items_per_s": round(len(chats) / naive_s, 3),
-        "speedup": round(naive_s / batched_s, 2), "identical_outputs": same,
+        "batched_decode_steps": sum(
+            max(g.new_tokens for g in gens if g.batch_index == b) for b in {g.batch_index for g in gens}
+        ),
+        "batched_s": round(batched_s, 2),
+        "naive_s": round(naive_s, 2),
+        "batched_items_per_s": round(len(chats) / batched_s, 3),
+        "naive_items_per_s": round(len(chats) / naive_s, 3),
+        "speedup": round(naive_s / batched_s, 2),
+        "identical_outputs": same,
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus, torch {torch.__version__}, "
-                   f"{torch.get_num_threads()} threads, device {model.device}, load avg {os.getloadavg()[0]:.1f} (shared machine)".replace("  ", " "),
+        f"{torch.get_num_threads()} threads, device {model.device}, load avg {os.getloadavg()[0]:.1f} (shared machine)".replace(
+            "  ", " "
+        ),
     }
     if args.prefill:
         start = time.perf_counter()
@@ -104,7 +139,9 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if args.out:
         io.write_json(args.out, result)
-    assert same == len(chats), f"batched and naive outputs differ on {len(chats) - same} of {len(chats)} items"
+    assert same == len(chats), (
+        f"batched and naive outputs differ on {len(chats) - same} of {len(chats)} items"
+    )
 
 
 if __name__ == "__main__":

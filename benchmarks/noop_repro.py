@@ -24,14 +24,18 @@ import yaml
 from clap import io
 
 ROOT = Path(__file__).resolve().parents[1]
-PURE = "import sys; sys.modules['_ruamel_yaml'] = None; from dvc.cli import main; sys.exit(main(sys.argv[1:]))"
+PURE = (
+    "import sys; sys.modules['_ruamel_yaml'] = None; from dvc.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 C_PARSER = "import sys; from dvc.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _one(code: str, targets: list[str]) -> float:
     """Wall seconds of one ``dvc repro`` (a whole new process, as a user runs it)."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, "repro", *targets], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, "repro", *targets], cwd=ROOT, capture_output=True, text=True
+    )
     wall = time.perf_counter() - t0
     if out.returncode != 0 or "Running stage" in out.stdout:
         raise SystemExit(f"not a no-op (rc {out.returncode}):\n{out.stdout}\n{out.stderr}")
@@ -61,8 +65,10 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
     }
     io.write_json(a.out, result)
-    print(f"no-op {result['command']}: C parser {med['c_parser']:.2f} s, pure Python {med['pure_python']:.2f} s "
-          f"(median of {a.runs}; {result['speedup']:.2f}x)")
+    print(
+        f"no-op {result['command']}: C parser {med['c_parser']:.2f} s, pure Python {med['pure_python']:.2f} s "
+        f"(median of {a.runs}; {result['speedup']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,14 @@ def main() -> None:
         t["release_b"], _ = _clap(repo, "release", b, "--token", token)
         shutil.rmtree(repo / "models" / "adapters" / a)
         t["rollback"], message = _clap(repo, "rollback")
-    result = {"seconds": {k: round(v, 2) for k, v in t.items()}, "cycle_s": round(sum(t.values()), 2),
-              "rollback_output": message.split(";")[0], "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "python": platform.python_version()}
+    result = {
+        "seconds": {k: round(v, 2) for k, v in t.items()},
+        "cycle_s": round(sum(t.values()), 2),
+        "rollback_output": message.split(";")[0],
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+    }
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
     if out:

@@ -1,7 +1,7 @@
 """Training speed: clap's train path vs a plain TRL SFTTrainer, same batch, model and LoRA.
 
 Both train the same first ``--examples`` admitted D_sft examples of a batch (built with
-clap.prompt, completion-only loss) on models/base with the LoRA config of params ``train``:
+clap.task.prompt, completion-only loss) on models/base with the LoRA config of params ``train``:
 
 - ``clap``:  params ``train`` as the stage runs it (padding-free BFD packing into
   ``max_length`` rows, the LM head applied to loss positions only: ``compact_lm_head``);
@@ -44,8 +44,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def machine() -> str:
     """CPU model, vector extensions that matter for fp32 GEMM, and core count."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), platform.processor())
-    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    model = next(
+        (row.split(":", 1)[1].strip() for row in info.splitlines() if row.startswith("model name")),
+        platform.processor(),
+    )
+    flags = next((row.split(":", 1)[1].split() for row in info.splitlines() if row.startswith("flags")), [])
     simd = ",".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
     return f"{platform.machine()} {model} ({simd or 'no avx2'}), {os.cpu_count()} cpus"
 
@@ -99,25 +102,51 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
     from trl import SFTConfig, SFTTrainer
 
     from clap import io, params
-    from clap.model import load_tokenizer
-    from clap.training import TrainParams, build_examples, compact_lm_head, load_train_model, lora_config, sft_config
+    from clap.model.base import load_tokenizer
+    from clap.train.sft import (
+        TrainParams,
+        build_examples,
+        compact_lm_head,
+        load_train_model,
+        lora_config,
+        sft_config,
+    )
 
     tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads)
     torch.set_num_threads(threads)
     torch.manual_seed(tp.seed)
     data = ROOT / "data/admitted" / batch
-    ex = build_examples(io.read_parquet(data / "sft.parquet").head(examples), io.read_parquet(data / "kb.parquet"))
+    ex = build_examples(
+        io.read_parquet(data / "sft.parquet").head(examples), io.read_parquet(data / "kb.parquet")
+    )
     tok = load_tokenizer(ROOT / "models/base", padding_side="right")
     out = Path("/tmp") / f"clap-train-speed-{path}"
     if path == "clap":
         args = sft_config(dataclasses.replace(tp, save_steps=10**6, max_steps=-1), out, "cpu", 1)
     else:
-        args = SFTConfig(output_dir=str(out), use_cpu=True, bf16=False, seed=tp.seed, learning_rate=tp.lr,
-                         per_device_train_batch_size=4, num_train_epochs=1, activation_checkpointing=False,
-                         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+        args = SFTConfig(
+            output_dir=str(out),
+            use_cpu=True,
+            bf16=False,
+            seed=tp.seed,
+            learning_rate=tp.lr,
+            per_device_train_batch_size=4,
+            num_train_epochs=1,
+            activation_checkpointing=False,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+        )
     rate = _rate_callback(warmup)
-    trainer = SFTTrainer(model=load_train_model(ROOT / "models/base", "fp32-lora", "cpu"), args=args,
-                         train_dataset=Dataset.from_list(ex), processing_class=tok, peft_config=lora_config(tp), callbacks=[rate])
+    trainer = SFTTrainer(
+        model=load_train_model(ROOT / "models/base", "fp32-lora", "cpu"),
+        args=args,
+        train_dataset=Dataset.from_list(ex),
+        processing_class=tok,
+        peft_config=lora_config(tp),
+        callbacks=[rate],
+    )
     if path == "clap":
         with compact_lm_head():
             trainer.train()
@@ -125,13 +154,24 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         trainer.train()
     (t0, n0), (t1, n1) = rate.points[0], rate.points[-1]
     labels = trainer.train_dataset["labels"]
-    scored = 1.0 if path == "plain" else sum(t != -100 for row in labels for t in row) / sum(len(row) for row in labels)
-    return {"tokens_per_s": (n1 - n0) / (t1 - t0), "steps": trainer.state.global_step, "tokens": int(n1),
-            "executed_flops_per_token": executed_flops_per_token(trainer.model.config, scored, sum(map(len, labels)) / len(labels)),
-            "head_positions_fraction": scored,
-            "timed_steps": len(rate.points) - 1, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "n_params": sum(p.numel() for p in trainer.model.parameters()),
-            "final_loss": next(h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h)}
+    scored = (
+        1.0
+        if path == "plain"
+        else sum(t != -100 for row in labels for t in row) / sum(len(row) for row in labels)
+    )
+    return {
+        "tokens_per_s": (n1 - n0) / (t1 - t0),
+        "steps": trainer.state.global_step,
+        "tokens": int(n1),
+        "executed_flops_per_token": executed_flops_per_token(
+            trainer.model.config, scored, sum(map(len, labels)) / len(labels)
+        ),
+        "head_positions_fraction": scored,
+        "timed_steps": len(rate.points) - 1,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "n_params": sum(p.numel() for p in trainer.model.parameters()),
+        "final_loss": next(h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h),
+    }
 
 
 def main() -> None:
@@ -149,7 +189,20 @@ def main() -> None:
         return
     results = {}
     for path in ("clap", "plain"):
-        cmd = [sys.executable, __file__, "--path", path, "--batch", a.batch, "--examples", str(a.examples), "--threads", str(a.threads), "--warmup", str(a.warmup)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--path",
+            path,
+            "--batch",
+            a.batch,
+            "--examples",
+            str(a.examples),
+            "--threads",
+            str(a.threads),
+            "--warmup",
+            str(a.warmup),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results[path] = json.loads(done.stdout.strip().splitlines()[-1])
     peak = matmul_peak(a.threads)
@@ -158,10 +211,19 @@ def main() -> None:
         r["fraction_of_matmul_peak_6N"] = r["flops_per_s_6N"] / peak
         r["flops_per_s_executed"] = r["executed_flops_per_token"] * r["tokens_per_s"]
         r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peak
-    report = {"batch": a.batch, "examples": a.examples, "threads": a.threads, "warmup_steps": a.warmup,
-              "matmul_peak_flops_per_s": peak, "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
-              "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring", "machine": machine(), "note": a.note,
-              "load_avg_1m_at_end": os.getloadavg()[0], **{f"{k}": v for k, v in results.items()}}
+    report = {
+        "batch": a.batch,
+        "examples": a.examples,
+        "threads": a.threads,
+        "warmup_steps": a.warmup,
+        "matmul_peak_flops_per_s": peak,
+        "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
+        "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring",
+        "machine": machine(),
+        "note": a.note,
+        "load_avg_1m_at_end": os.getloadavg()[0],
+        **{f"{k}": v for k, v in results.items()},
+    }
     from clap import io
 
     io.write_json(a.out, report)

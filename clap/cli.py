@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from clap.errors import ClapError
 
 
 def _demo_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("data/raw"), help="folder that receives <batch>/ (default: data/raw)")
-    p.add_argument("--batches", nargs="+", metavar="BATCH", help="batches to generate (default: all in params demo.batches)")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    p.add_argument(
+        "--out", type=Path, default=Path("data/raw"), help="folder that receives <batch>/ (default: data/raw)"
+    )
+    p.add_argument(
+        "--batches",
+        nargs="+",
+        metavar="BATCH",
+        help="batches to generate (default: all in params demo.batches)",
+    )
+    p.add_argument(
+        "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
+    )
 
 
 def _demo_data(args: argparse.Namespace) -> int:
-    from clap import demo
+    from clap.demo import generate as demo
 
     p = demo.load_params(args.params)
     for folder in demo.generate(args.out, p, args.batches):
@@ -32,58 +41,79 @@ def _demo_data(args: argparse.Namespace) -> int:
 
 
 def _keygen_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", required=True, help="approver name (token issuer; public key releases/trusted_keys/<name>.pub)")
-    p.add_argument("--out", type=Path, default=Path("keys"), help="folder of the private key, git-ignored (default: keys/)")
+    p.add_argument(
+        "--name",
+        required=True,
+        help="approver name (token issuer; public key releases/trusted_keys/<name>.pub)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("keys"),
+        help="folder of the private key, git-ignored (default: keys/)",
+    )
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from clap import release
+    from clap.release import control as release
 
     priv, pub = release.keygen(Path.cwd(), args.name, args.out)
-    print(f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it: only committed keys are trusted)")
+    print(
+        f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it: only committed keys are trusted)"
+    )
     return 0
 
 
 def _approve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch")
     p.add_argument("--key", type=Path, required=True, help="the approver's private key file")
-    p.add_argument("--ttl", type=int, help="token lifetime in seconds (default: params release.approval_ttl_s)")
+    p.add_argument(
+        "--ttl", type=int, help="token lifetime in seconds (default: params release.approval_ttl_s)"
+    )
 
 
 def _approve(args: argparse.Namespace) -> int:
     import time
 
-    from clap import release
+    from clap.release import control as release
 
     root = Path.cwd()
-    print(release.approve(root, args.batch, args.key, args.ttl, release.load_params(root), now=int(time.time())))
+    print(
+        release.approve(root, args.batch, args.key, args.ttl, release.load_params(root), now=int(time.time()))
+    )
     return 0
 
 
 def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch")
-    p.add_argument("--token", required=True, help="the approval token from `clap approve` ('-' reads it from stdin)")
+    p.add_argument(
+        "--token", required=True, help="the approval token from `clap approve` ('-' reads it from stdin)"
+    )
 
 
 def _release(args: argparse.Namespace) -> int:
-    from clap import release
+    from clap.release import control as release
 
     root = Path.cwd()
     token = sys.stdin.read() if args.token == "-" else args.token
     event = release.release(root, args.batch, token, release.load_params(root))
     if event["event"] == "hold":
-        print(f"held: {event['reason']} (release.cost.over_budget is hold); production unchanged; commit {event['release_commit'][:12]}")
+        print(
+            f"held: {event['reason']} (release.cost.over_budget is hold); production unchanged; commit {event['release_commit'][:12]}"
+        )
         return 3
     print(f"released {args.batch} ({event['pointer']['decision']}); commit {event['release_commit'][:12]}")
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from clap import release
+    from clap.release import control as release
 
     event = release.rollback(Path.cwd())
-    print(f"rolled back {event['from_batch']} -> {event['to_batch']} (adapter {event['adapter_sha256'][:12]} restored by "
-          f"{event['adapter_restored_by']}); commit {event['release_commit'][:12]}")
+    print(
+        f"rolled back {event['from_batch']} -> {event['to_batch']} (adapter {event['adapter_sha256'][:12]} restored by "
+        f"{event['adapter_restored_by']}); commit {event['release_commit'][:12]}"
+    )
     return 0
 
 
@@ -93,7 +123,7 @@ def _handoff_args(p: argparse.ArgumentParser) -> None:
 
 
 def _handoff(args: argparse.Namespace) -> int:
-    from clap import release
+    from clap.release import control as release
 
     root = Path.cwd()
     problems = release.handoff(root, args.batch, args.out, release.load_params(root))
@@ -108,34 +138,57 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from clap import serve
+    from clap.chain import serve
 
     serve.serve(Path.cwd(), args.host, args.port)
     return 0
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("admitted", type=Path, help="an admitted batch folder, e.g. data/admitted/2026-01 (read only)")
-    p.add_argument("--base", type=Path, default=Path("models/base"), help="base model folder (default: models/base)")
-    p.add_argument("--report-dir", type=Path, default=Path("reports/calibration"), help="table, runs and curves (default: reports/calibration)")
-    p.add_argument("--metrics", type=Path, default=Path("metrics/calibration.json"), help="flat metrics (default: metrics/calibration.json)")
-    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    p.add_argument(
+        "admitted", type=Path, help="an admitted batch folder, e.g. data/admitted/2026-01 (read only)"
+    )
+    p.add_argument(
+        "--base", type=Path, default=Path("models/base"), help="base model folder (default: models/base)"
+    )
+    p.add_argument(
+        "--report-dir",
+        type=Path,
+        default=Path("reports/calibration"),
+        help="table, runs and curves (default: reports/calibration)",
+    )
+    p.add_argument(
+        "--metrics",
+        type=Path,
+        default=Path("metrics/calibration.json"),
+        help="flat metrics (default: metrics/calibration.json)",
+    )
+    p.add_argument(
+        "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
+    )
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     import os
     import tempfile
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: the hub is never contacted
-    from clap import calibrate as cal
+    os.environ.setdefault(
+        "HF_HUB_OFFLINE", "1"
+    )  # before transformers is imported: the hub is never contacted
+    from clap.judge import calibrate as cal
 
     cp, loop = cal.load_params(args.params)
     with tempfile.TemporaryDirectory(prefix="clap-calibrate-") as work:
-        result = cal.calibrate(args.admitted, args.base, work, cp, loop, on_row=lambda r: print(cal.progress_line(r), flush=True))
+        result = cal.calibrate(
+            args.admitted, args.base, work, cp, loop, on_row=lambda r: print(cal.progress_line(r), flush=True)
+        )
     cal.write_outputs(result, args.report_dir, args.metrics, args.admitted.name)
     print(f"wrote {args.report_dir / 'calibration.md'} and {args.metrics}")
     if not result.summary["no_fault_released"]:
-        print(f"error: {result.summary['faults_released']} fault run(s) would be released ({result.summary['fail_on']})", file=sys.stderr)
+        print(
+            f"error: {result.summary['faults_released']} fault run(s) would be released ({result.summary['fail_on']})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -147,25 +200,48 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     from clap import params
-    from clap.verify import VerifyParams, render_table, verify
+    from clap.release.verify import VerifyParams, render_table, verify
 
-    result = verify(Path.cwd(), args.target, params.section("verify", VerifyParams), keep=args.keep,
-                    log=lambda line: print(line, file=sys.stderr))
+    result = verify(
+        Path.cwd(),
+        args.target,
+        params.section("verify", VerifyParams),
+        keep=args.keep,
+        log=lambda line: print(line, file=sys.stderr),
+    )
     print(render_table(result))
     return 1 if result.failures else 0
 
 
 # name -> (help, declare arguments, run)
-SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "demo-data": ("generate the deterministic demo raw batches (data/raw/<batch>/)", _demo_data_args, _demo_data),
+SUBCOMMANDS: dict[
+    str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+] = {
+    "demo-data": (
+        "generate the deterministic demo raw batches (data/raw/<batch>/)",
+        _demo_data_args,
+        _demo_data,
+    ),
     "keygen": ("create an approver's Ed25519 key pair", _keygen_args, _keygen),
     "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
     "release": ("verify an approval and put the batch in production", _release_args, _release),
     "rollback": ("return production to the previous release", lambda p: None, _rollback),
     "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
-    "serve": ("serve the production adapter's application chain over HTTP (POST /answer, GET /health)", _serve_args, _serve),
-    "calibrate": ("run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released", _calibrate_args, _calibrate),
-    "verify": ("re-run a committed batch from a clean checkout and compare decisions, metrics and hashes", _verify_args, _verify),
+    "serve": (
+        "serve the production adapter's application chain over HTTP (POST /answer, GET /health)",
+        _serve_args,
+        _serve,
+    ),
+    "calibrate": (
+        "run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released",
+        _calibrate_args,
+        _calibrate,
+    ),
+    "verify": (
+        "re-run a committed batch from a clean checkout and compare decisions, metrics and hashes",
+        _verify_args,
+        _verify,
+    ),
 }
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -40,10 +41,30 @@ def apply(p: DeterminismParams) -> None:
     import torch
 
     if p.deterministic_algorithms:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", p.cublas_workspace_config)  # read when cuBLAS initialises
+        os.environ.setdefault(
+            "CUBLAS_WORKSPACE_CONFIG", p.cublas_workspace_config
+        )  # read when cuBLAS initialises
     # warn_only: an op without a deterministic kernel warns instead of failing the run; the
     # record says `tolerance` on CUDA anyway, so such an op cannot pass as byte-identical.
     torch.use_deterministic_algorithms(p.deterministic_algorithms, warn_only=True)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) from the torchrun environment (0, 1 when not distributed)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def seed_everything(seed: int, torch_threads: int) -> None:
+    """Seeds (python, numpy, torch) and CPU threads: two runs on the same CPU give identical adapters."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(torch_threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def versions(packages: Sequence[str]) -> dict[str, str]:

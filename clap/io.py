@@ -24,8 +24,9 @@ import re
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -61,7 +62,9 @@ def _temp_prefix(path: Path) -> str:
     """Prefix of ``path``'s temporaries; sweeps those a killed process left behind first."""
     head = f".{path.name}."
     for stale in path.parent.glob(f"{glob.escape(head)}*.tmp"):
-        own = _TEMP_TAIL.fullmatch(stale.name[len(head):])  # not another name's temp (".x.json.*" under ".x.")
+        own = _TEMP_TAIL.fullmatch(
+            stale.name[len(head) :]
+        )  # not another name's temp (".x.json.*" under ".x.")
         if own and not _alive(int(own.group(1))):
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
@@ -95,7 +98,10 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 def dumps_json(obj: Any) -> str:
     """Stable JSON: sorted keys, 2-space indent, trailing newline; NaN/inf are refused."""
-    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+    return (
+        json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default)
+        + "\n"
+    )
 
 
 def _json_default(o: Any):
@@ -130,7 +136,10 @@ def read_json(path: Path | str) -> Any:
 
 
 def write_jsonl(path: Path | str, rows: list[dict]) -> None:
-    text = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n" for r in rows)
+    text = "".join(
+        json.dumps(r, sort_keys=True, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+        for r in rows
+    )
     atomic_write_text(path, text)
 
 
@@ -138,14 +147,18 @@ def write_parquet(path: Path | str, df: pd.DataFrame) -> None:
     """Deterministic parquet: no pandas index, fixed compression, no created-by variance beyond pins."""
     table = pa.Table.from_pandas(df.reset_index(drop=True), preserve_index=False)
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", compression_level=3, write_statistics=False, store_schema=True)
+    pq.write_table(
+        table, sink, compression="zstd", compression_level=3, write_statistics=False, store_schema=True
+    )
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 
 def read_parquet(path: Path | str) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
-        raise ClapError("required data file is missing (did the previous stage run?)", file=path, rule="missing_file")
+        raise ClapError(
+            "required data file is missing (did the previous stage run?)", file=path, rule="missing_file"
+        )
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
@@ -196,7 +209,11 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
 def sha256_dir(path: Path | str) -> str:
     """Hash of a folder: sha256 over sorted (relative path, file sha256) lines."""
     path = Path(path)
-    lines = [f"{p.relative_to(path).as_posix()}\t{sha256_file(p)}\n" for p in sorted(path.rglob("*")) if p.is_file()]
+    lines = [
+        f"{p.relative_to(path).as_posix()}\t{sha256_file(p)}\n"
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    ]
     return sha256_bytes("".join(lines).encode())
 
 
@@ -206,7 +223,10 @@ def logical_hash(df: pd.DataFrame) -> str:
     A pandas/pyarrow upgrade that changes file bytes but not content keeps this hash.
     """
     cols = sorted(df.columns)
-    rows = sorted(json.dumps([_canon(v) for v in rec], ensure_ascii=False, default=str) for rec in df[cols].itertuples(index=False, name=None))
+    rows = sorted(
+        json.dumps([_canon(v) for v in rec], ensure_ascii=False, default=str)
+        for rec in df[cols].itertuples(index=False, name=None)
+    )
     return sha256_bytes(("\t".join(cols) + "\n" + "\n".join(rows)).encode("utf-8"))
 
 

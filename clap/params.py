@@ -24,7 +24,9 @@ def load(path: Path | str = DEFAULT_PATH) -> dict[str, Any]:
     """Read the whole params file."""
     path = Path(path)
     if not path.exists():
-        raise ClapError("params file not found (run from the repository root)", file=path, rule="missing_params")
+        raise ClapError(
+            "params file not found (run from the repository root)", file=path, rule="missing_params"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
@@ -48,14 +50,26 @@ def build(cls: type[T], raw: Any, *, where: str = "params", file: Path | str = D
     Raises ClapError on a missing or unknown key, naming the dotted key path.
     """
     if not isinstance(raw, dict):
-        raise ClapError(f"{where} must be a mapping, got {type(raw).__name__}", file=file, column=where, rule="bad_params")
+        raise ClapError(
+            f"{where} must be a mapping, got {type(raw).__name__}", file=file, column=where, rule="bad_params"
+        )
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     missing = sorted(set(fields) - set(raw))
     if unknown:
-        raise ClapError(f"unknown key(s) {unknown} in {where}", file=file, column=f"{where}.{unknown[0]}", rule="unknown_param")
+        raise ClapError(
+            f"unknown key(s) {unknown} in {where}",
+            file=file,
+            column=f"{where}.{unknown[0]}",
+            rule="unknown_param",
+        )
     if missing:
-        raise ClapError(f"missing key(s) {missing} in {where}", file=file, column=f"{where}.{missing[0]}", rule="missing_param")
+        raise ClapError(
+            f"missing key(s) {missing} in {where}",
+            file=file,
+            column=f"{where}.{missing[0]}",
+            rule="missing_param",
+        )
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name in fields:
@@ -70,4 +84,3 @@ def build(cls: type[T], raw: Any, *, where: str = "params", file: Path | str = D
 def section(name: str, cls: type[T], path: Path | str = DEFAULT_PATH) -> T:
     """Load section ``name`` of params.yaml into dataclass ``cls``."""
     return build(cls, raw_section(name, path), where=name, file=path)
-

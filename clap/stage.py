@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence
+from typing import Any
 
 
-def main(argv: Sequence[str], usage: str, arity: Collection[int], run: Callable[..., Any],
-         describe: Callable[[Sequence[str], Any], str]) -> int:
+def main(
+    argv: Sequence[str],
+    usage: str,
+    arity: Collection[int],
+    run: Callable[..., Any],
+    describe: Callable[[Sequence[str], Any], str],
+) -> int:
     """Run one stage: ``run(*paths)``, then print ``describe(argv, result)`` (skipped for None).
 
     Returns:

@@ -46,4 +46,6 @@ class AdmittedSet(pa.DataFrameModel):
 
     @pa.dataframe_check
     def unique_within_role(cls, df: pd.DataFrame) -> Series[bool]:
-        return ~df.duplicated(["role", "item_id"], keep=False) & ~df.duplicated(["role", "input_hash"], keep=False)
+        return ~df.duplicated(["role", "item_id"], keep=False) & ~df.duplicated(
+            ["role", "input_hash"], keep=False
+        )

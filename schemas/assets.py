@@ -14,7 +14,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.assetize import RULES
+from clap.data.assetize import RULES
 
 
 def _is_json_str_list(text: str) -> bool:
@@ -110,6 +110,11 @@ class RejectsAsset(_Sourced):
 
 
 SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
-    "records": RecordsAsset, "kb": KbAsset, "sft": SftAsset, "eval": EvalAsset, "replay": ReplayAsset,
-    "grpo": SftAsset, "rejects": RejectsAsset,
+    "records": RecordsAsset,
+    "kb": KbAsset,
+    "sft": SftAsset,
+    "eval": EvalAsset,
+    "replay": ReplayAsset,
+    "grpo": SftAsset,
+    "rejects": RejectsAsset,
 }

@@ -6,8 +6,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.evaluation import ROLES
-from clap.prompt import ANSWER_FIELDS
+from clap.judge.evaluation import ROLES
+from clap.task.prompt import ANSWER_FIELDS
 
 
 class EvalItems(pa.DataFrameModel):
@@ -52,7 +52,9 @@ class EvalItems(pa.DataFrameModel):
 
     @pa.dataframe_check(name="one_row_per_item_and_model")
     def _unique(cls, df: pd.DataFrame) -> Series[bool]:
-        return ~df.duplicated(["model", "item_id"], keep=False) & ~df.duplicated(["model", "position"], keep=False)
+        return ~df.duplicated(["model", "item_id"], keep=False) & ~df.duplicated(
+            ["model", "position"], keep=False
+        )
 
     @pa.dataframe_check(name="pass_means_every_field_right")
     def pass_means_every_field_right(cls, df: pd.DataFrame) -> Series[bool]:

@@ -13,8 +13,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
+from clap.data.normalize import clean_text, input_hash
 from clap.errors import ClapError
-from clap.normalize import clean_text, input_hash
 
 SYSTEMS = ["mes", "qms", "cmms"]
 LINE = r"^L[1-9][0-9]*$"
@@ -187,6 +187,14 @@ def validate_frame(model: type[pa.DataFrameModel], df: pd.DataFrame, file: str) 
     except pa.errors.SchemaErrors as e:
         cases = e.failure_cases.astype({"column": str, "check": str})
         groups = cases.groupby(["column", "check"], sort=False)
-        lines = [f"column {c!r} check {k!r}: {len(g)} row(s), e.g. {list(g['failure_case'].head(3))} at rows {list(g['index'].head(3))}" for (c, k), g in groups]
+        lines = [
+            f"column {c!r} check {k!r}: {len(g)} row(s), e.g. {list(g['failure_case'].head(3))} at rows {list(g['index'].head(3))}"
+            for (c, k), g in groups
+        ]
         first = cases.iloc[0]
-        raise ClapError(f"{len(cases)} schema failure(s) in {model.__name__}:\n  " + "\n  ".join(lines), file=file, column=first["column"], rule=first["check"]) from e
+        raise ClapError(
+            f"{len(cases)} schema failure(s) in {model.__name__}:\n  " + "\n  ".join(lines),
+            file=file,
+            column=first["column"],
+            rule=first["check"],
+        ) from e

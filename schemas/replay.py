@@ -13,8 +13,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.prompt import CORE_FIELDS
-from clap.replay import CONDITIONS, PLOT_METRICS
+from clap.judge.replay import CONDITIONS, PLOT_METRICS
+from clap.task.prompt import CORE_FIELDS
 from schemas.eval import EvalItems
 
 
@@ -39,11 +39,16 @@ class ReplayCases(EvalItems):
 
     @pa.dataframe_check(name="one_row_per_item_and_condition")
     def _unique(cls, df: pd.DataFrame) -> Series[bool]:  # replaces the eval check of the same method name
-        return ~df.duplicated(["condition", "item_id"], keep=False) & ~df.duplicated(["condition", "position"], keep=False)
+        return ~df.duplicated(["condition", "item_id"], keep=False) & ~df.duplicated(
+            ["condition", "position"], keep=False
+        )
 
     @pa.dataframe_check(name="condition_matches_model_and_rag")
     def _condition(cls, df: pd.DataFrame) -> Series[bool]:
-        return pd.Series([CONDITIONS.get(c) == (m, bool(r)) for c, m, r in zip(df["condition"], df["model"], df["rag"])], index=df.index)
+        return pd.Series(
+            [CONDITIONS.get(c) == (m, bool(r)) for c, m, r in zip(df["condition"], df["model"], df["rag"])],
+            index=df.index,
+        )
 
     @pa.check("retrieved_doc_ids", name="json_list_of_doc_ids")
     def _doc_ids(cls, s: Series[str]) -> Series[bool]:
@@ -55,7 +60,10 @@ class ReplayCases(EvalItems):
 
     @pa.dataframe_check(name="hit_means_gold_doc_retrieved")
     def _hit(cls, df: pd.DataFrame) -> Series[bool]:
-        found = [g in json.loads(r) if _json_list(r) else False for g, r in zip(df["gold_doc_id"], df["retrieved_doc_ids"])]
+        found = [
+            g in json.loads(r) if _json_list(r) else False
+            for g, r in zip(df["gold_doc_id"], df["retrieved_doc_ids"])
+        ]
         return df["retrieval_hit"] == pd.Series(found, index=df.index)
 
     @pa.dataframe_check(name="core_means_core_fields_right")

@@ -16,15 +16,21 @@ import time
 from pathlib import Path
 
 from clap import io, params, stage
+from clap.data.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
+from clap.data.normalize import NormalizeParams, build_vocab
 from clap.determinism import frame_hashes
-from clap.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
-from clap.normalize import NormalizeParams, build_vocab
-from clap.scoring import ScoringParams, reward
+from clap.task.scoring import ScoringParams, reward
 from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
 from schemas.normalized import NormalizedItems, NormalizedKB, validate_frame
 
 USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON"
-POOLS = {"sft": NormalizedItems, "grpo": NormalizedItems, "eval": NormalizedItems, "replay": NormalizedItems, "kb": NormalizedKB}
+POOLS = {
+    "sft": NormalizedItems,
+    "grpo": NormalizedItems,
+    "eval": NormalizedItems,
+    "replay": NormalizedItems,
+    "kb": NormalizedKB,
+}
 
 
 def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
@@ -34,9 +40,19 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
     sizes = params.section("sizes", SplitSizes)
     vocab = build_vocab(params.section("normalize", NormalizeParams))
     sp = params.section("scoring", ScoringParams)
-    pools = {name: validate_frame(model, io.read_parquet(src / f"{name}.parquet"), str(src / f"{name}.parquet")) for name, model in POOLS.items()}
-    result = admit_batch(pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name)
-    frames = {name: validate_frame(AdmittedKB if name == "kb" else AdmittedItems, df, str(out_dir / f"{name}.parquet")) for name, df in result.frames.items()}
+    pools = {
+        name: validate_frame(model, io.read_parquet(src / f"{name}.parquet"), str(src / f"{name}.parquet"))
+        for name, model in POOLS.items()
+    }
+    result = admit_batch(
+        pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name
+    )
+    frames = {
+        name: validate_frame(
+            AdmittedKB if name == "kb" else AdmittedItems, df, str(out_dir / f"{name}.parquet")
+        )
+        for name, df in result.frames.items()
+    }
     if result.record["verdict"]:
         # an admitted batch must be leak-free as a whole; a refused one is written as is, for inspection
         validate_frame(AdmittedSet, admitted_set(frames), str(out_dir / "admission.json"))
@@ -44,13 +60,22 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
         for name, df in frames.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
         io.write_json(tmp / "admission.json", result.record)
-    io.write_json(metrics_path, {**result.metrics, **frame_hashes(out_dir, frames), "seconds": round(time.perf_counter() - started, 3)})
+    io.write_json(
+        metrics_path,
+        {
+            **result.metrics,
+            **frame_hashes(out_dir, frames),
+            "seconds": round(time.perf_counter() - started, 3),
+        },
+    )
     return result.record
 
 
 def describe(argv, record: dict) -> str:
     verdict = "admitted" if record["verdict"] else "NOT admitted"
-    return "\n".join([f"admit {record['batch']}: {verdict}; {record['counts']}", *(f"  - {r}" for r in record["reasons"])])
+    return "\n".join(
+        [f"admit {record['batch']}: {verdict}; {record['counts']}", *(f"  - {r}" for r in record["reasons"])]
+    )
 
 
 if __name__ == "__main__":

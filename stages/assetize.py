@@ -17,8 +17,8 @@ from pathlib import Path
 import pandera.pandas as pa
 
 from clap import io, params, stage
+from clap.data.assetize import AssetizeParams, assetize_batch, batch_metrics
 from clap.determinism import frame_hashes
-from clap.assetize import AssetizeParams, assetize_batch, batch_metrics
 from clap.errors import ClapError
 from schemas.assets import SCHEMAS
 
@@ -32,8 +32,11 @@ def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     frames = {name: _validate(name, df) for name, df in result.assets.items()}
     metrics = batch_metrics(result)
     if not metrics["conservation_ok"]:
-        raise ClapError("rows were lost between raw files and assets (conservation failed)", file=raw_dir,
-                        rule="conservation")
+        raise ClapError(
+            "rows were lost between raw files and assets (conservation failed)",
+            file=raw_dir,
+            rule="conservation",
+        )
     with io.atomic_dir(out_dir) as tmp:
         for name, df in frames.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
@@ -48,11 +51,15 @@ def _validate(name: str, df):
         return SCHEMAS[name].validate(df, lazy=True)
     except pa.errors.SchemaErrors as e:
         cases = e.failure_cases[["column", "check"]].drop_duplicates().head(5).to_dict("records")
-        raise ClapError(f"asset {name} fails its schema: {cases}", file=f"{name}.parquet", rule="schema") from e
+        raise ClapError(
+            f"asset {name} fails its schema: {cases}", file=f"{name}.parquet", rule="schema"
+        ) from e
 
 
 def describe(argv, m: dict) -> str:
-    return f"assetize {argv[0]}: {m['rows_in']} rows -> {m['rows_assets']} assets + {m['rows_rejected']} rejects"
+    return (
+        f"assetize {argv[0]}: {m['rows_in']} rows -> {m['rows_assets']} assets + {m['rows_rejected']} rejects"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 
 from clap import io, params, stage  # noqa: E402
-from clap.model import BaseParams, export_base  # noqa: E402
+from clap.model.base import BaseParams, export_base  # noqa: E402
 
 USAGE = "usage: python stages/base.py OUT_DIR METRICS_JSON"
 

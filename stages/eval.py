@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from clap import determinism, io, params, stage
-from clap.model import default_device
-from clap.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
-from clap.scoring import ScoringParams
+from clap.judge.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
+from clap.model.base import default_device
+from clap.task.scoring import ScoringParams
 from schemas.eval import EvalItems, EvalTimings
 from schemas.normalized import validate_frame
 
@@ -41,9 +41,14 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         io.write_parquet(tmp / "items.parquet", scored)
         io.write_parquet(tmp / "timings.parquet", timings)
         io.write_json(tmp / "manifest.json", manifest(specs, incumbent, base, admitted, len(items)))
-    metrics = {**flat_metrics(scored, timings, specs), **determinism.frame_hashes(out_dir, {"items": scored}),
-               **determinism.record(dp, default_device()), "torch_threads": torch_threads(),
-               "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    metrics = {
+        **flat_metrics(scored, timings, specs),
+        **determinism.frame_hashes(out_dir, {"items": scored}),
+        **determinism.record(dp, default_device()),
+        "torch_threads": torch_threads(),
+        "wall_s": round(time.perf_counter() - started, 3),
+        "device": default_device(),
+    }
     io.write_json(metrics_path, metrics)
     return metrics
 
@@ -57,7 +62,9 @@ def torch_threads() -> int:
 
 def describe(argv, metrics: dict) -> str:
     roles = [r for r in ("base", "candidate", "incumbent") if f"{r}_pass_rate" in metrics]
-    summary = ", ".join(f"{r} pass {metrics[f'{r}_pass_rate']:.3f} overall {metrics[f'{r}_overall']:.3f}" for r in roles)
+    summary = ", ".join(
+        f"{r} pass {metrics[f'{r}_pass_rate']:.3f} overall {metrics[f'{r}_overall']:.3f}" for r in roles
+    )
     return f"eval: {metrics['n_items']} items; {summary or 'no items'}"
 
 

@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 
 from clap import determinism, io, params, stage
-from clap import grpo_policy as grpo
 from clap.errors import ClapError
-from clap.evaluation import read_scored
-from clap.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
+from clap.judge import grpo_gate as grpo
+from clap.judge.evaluation import read_scored
+from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
+from clap.train.grpo_policy import GrpoParams
 
 USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
 EVIDENCE_SECTIONS = ("sizes", "admit", "train", "scoring", "eval", "gate")
@@ -35,19 +36,34 @@ def read_record(path: Path) -> dict:
     return record
 
 
-def run(eval_dir: Path, train_json: Path, admit_json: Path, replay_json: Path, report_dir: Path, metrics_path: Path, grpo_json: Path | None = None) -> dict:
+def run(
+    eval_dir: Path,
+    train_json: Path,
+    admit_json: Path,
+    replay_json: Path,
+    report_dir: Path,
+    metrics_path: Path,
+    grpo_json: Path | None = None,
+) -> dict:
     """Decide one batch (and its GRPO candidate, given the probe record); write the report folder and metrics."""
     p = params.section("gate", GateParams)
     scored, timings, meta = read_scored(eval_dir)
     train, admit, replay = read_record(train_json), read_record(admit_json), read_record(replay_json)
     probe = read_record(grpo_json) if grpo_json else None
-    extra = grpo.sft_checks(probe, params.section("grpo", grpo.GrpoParams)) if probe else []
+    extra = grpo.sft_checks(probe, params.section("grpo", GrpoParams)) if probe else []
     result = run_gate(scored, timings, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)])
     used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
-    evidence = evidence_bundle(result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p)
-    evidence["replay"] = replay  # its cases_sha256 binds the scored cases (the record's own bytes hold timings)
+    evidence = evidence_bundle(
+        result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p
+    )
+    evidence["replay"] = (
+        replay  # its cases_sha256 binds the scored cases (the record's own bytes hold timings)
+    )
     report = render_report(evidence)
-    metrics = {**flat_metrics(result), **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams))}
+    metrics = {
+        **flat_metrics(result),
+        **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams)),
+    }
     if probe:
         evidence["grpo"] = grpo.evidence_section(probe, io.sha256_file(grpo_json))
         report += grpo.report_section(probe)
@@ -60,8 +76,10 @@ def run(eval_dir: Path, train_json: Path, admit_json: Path, replay_json: Path, r
 
 
 def describe(argv, metrics: dict) -> str:
-    return (f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']}; "
-            f"offline checks alone: {metrics['offline_decision']})")
+    return (
+        f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']}; "
+        f"offline checks alone: {metrics['offline_decision']})"
+    )
 
 
 if __name__ == "__main__":

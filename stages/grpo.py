@@ -18,21 +18,32 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import io, params, stage  # noqa: E402
-from clap.diagnosis import curves_csv  # noqa: E402
-from clap.grpo import run_probe  # noqa: E402
-from clap.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
-from clap.scoring import ScoringParams  # noqa: E402
+from clap import determinism, io, params, stage  # noqa: E402
+from clap.task.scoring import ScoringParams  # noqa: E402
+from clap.train.diagnosis import curves_csv  # noqa: E402
+from clap.train.grpo import run_probe  # noqa: E402
+from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
 
 USAGE = "usage: python stages/grpo.py ADMITTED_DIR ADMIT_JSON BASE_DIR SFT_ADAPTER_DIR GRPO_ADAPTER_DIR METRICS_JSON CURVES_CSV"
 
 
-def run(data_dir: Path, admit_json: Path, base_dir: Path, sft_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path) -> dict | None:
+def run(
+    data_dir: Path,
+    admit_json: Path,
+    base_dir: Path,
+    sft_dir: Path,
+    adapter_dir: Path,
+    metrics_path: Path,
+    curves_path: Path,
+) -> dict | None:
     """Probe one batch; rank 0 writes the record and curves and gets the record back."""
     p, sp = params.section("grpo", GrpoParams), params.section("scoring", ScoringParams)
     result = run_probe(data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp)
     if not result.is_main:
         return None
+    result.record.update(
+        determinism.versions(params.section("determinism", determinism.DeterminismParams).packages)
+    )
     io.write_json(metrics_path, result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves, CURVE_COLUMNS))
     return result.record
@@ -43,8 +54,10 @@ def describe(argv, r: dict) -> str:
     batch = Path(argv[0]).name
     if not r["run"]:
         return f"grpo {batch}: not run ({r['stop_reason']}); static {r['static_verdict']}"
-    return (f"grpo {batch}: {r['steps']}/{r['planned_steps']} steps, static {r['static_verdict']} vs runtime {r['runtime_verdict']} "
-            f"({r['stop_reason']}), KL peak {r['kl_peak']}, reward {r['reward_first']} -> {r['reward_final']}, {r['wall_s']} s")
+    return (
+        f"grpo {batch}: {r['steps']}/{r['planned_steps']} steps, static {r['static_verdict']} vs runtime {r['runtime_verdict']} "
+        f"({r['stop_reason']}), KL peak {r['kl_peak']}, reward {r['reward_first']} -> {r['reward_final']}, {r['wall_s']} s"
+    )
 
 
 if __name__ == "__main__":

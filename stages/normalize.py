@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from clap import io, params, stage
+from clap.data.normalize import NormalizeParams, load_assets, normalize_batch
 from clap.determinism import frame_hashes
-from clap.normalize import NormalizeParams, load_assets, normalize_batch
 from schemas.normalized import SCHEMAS, validate_frame
 
 USAGE = "usage: python stages/normalize.py ASSETS_DIR OUT_DIR METRICS_JSON"
@@ -27,19 +27,28 @@ def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     p = params.section("normalize", NormalizeParams)
     result = normalize_batch(load_assets(assets_dir), p)
     frames = {**result.frames, "rejects": result.rejects}
-    checked = {name: validate_frame(SCHEMAS[name], df, str(out_dir / f"{name}.parquet")) for name, df in frames.items()}
+    checked = {
+        name: validate_frame(SCHEMAS[name], df, str(out_dir / f"{name}.parquet"))
+        for name, df in frames.items()
+    }
     with io.atomic_dir(out_dir) as tmp:
         for name, df in checked.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
-    metrics = {**result.metrics, **frame_hashes(out_dir, checked), "seconds": round(time.perf_counter() - started, 3)}
+    metrics = {
+        **result.metrics,
+        **frame_hashes(out_dir, checked),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     io.write_json(metrics_path, metrics)
     return metrics
 
 
 def describe(argv, metrics: dict) -> str:
     kept = {k[: -len("_rows_out")]: v for k, v in metrics.items() if k.endswith("_rows_out")}
-    return (f"normalize: kept {kept}; rejected {metrics['total_rejected']}, repaired {metrics['total_repaired']}, "
-            f"deduplicated {metrics['total_deduplicated']}")
+    return (
+        f"normalize: kept {kept}; rejected {metrics['total_rejected']}, repaired {metrics['total_repaired']}, "
+        f"deduplicated {metrics['total_deduplicated']}"
+    )
 
 
 if __name__ == "__main__":

@@ -17,20 +17,39 @@ import time
 from pathlib import Path
 
 from clap import io, params, stage
-from clap.chain import ChainParams
-from clap.model import ADAPTER_FILE, base_sha256, default_device
-from clap.replay import ReplayParams, plot_rows, render_report, replay_metrics, run_conditions, score_conditions
-from clap.scoring import ScoringParams
+from clap.chain.chain import ChainParams
+from clap.judge.replay import (
+    ReplayParams,
+    plot_rows,
+    render_report,
+    replay_metrics,
+    run_conditions,
+    score_conditions,
+)
+from clap.model.base import ADAPTER_FILE, base_sha256, default_device
+from clap.task.scoring import ScoringParams
 from schemas.normalized import validate_frame
 from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
 
 USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
 
 
-def run(admitted: Path, base: Path, adapter: Path, data_dir: Path, report_dir: Path, metrics_path: Path, plot_csv: Path) -> dict:
+def run(
+    admitted: Path,
+    base: Path,
+    adapter: Path,
+    data_dir: Path,
+    report_dir: Path,
+    metrics_path: Path,
+    plot_csv: Path,
+) -> dict:
     """Replay one batch; write cases, report, metrics and plot data; return the metrics."""
     started = time.perf_counter()
-    cp, rp, sp = params.section("chain", ChainParams), params.section("replay", ReplayParams), params.section("scoring", ScoringParams)
+    cp, rp, sp = (
+        params.section("chain", ChainParams),
+        params.section("replay", ReplayParams),
+        params.section("scoring", ScoringParams),
+    )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
     answers = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp)
@@ -45,15 +64,27 @@ def run(admitted: Path, base: Path, adapter: Path, data_dir: Path, report_dir: P
     with io.atomic_dir(report_dir) as tmp:
         io.atomic_write_text(tmp / "report.md", render_report(admitted.name, numbers))
     io.atomic_write_text(plot_csv, plot.to_csv(index=False, lineterminator="\n"))
-    identity = {"base_sha256": base_sha256(base), "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE) if has_adapter else "",
-                "cases_sha256": io.sha256_file(data_dir / "cases.parquet")}  # deterministic (timings are kept apart): the gate's evidence binds it
-    metrics = {**numbers, **identity, "wall_s": round(time.perf_counter() - started, 3), "device": default_device()}
+    identity = {
+        "base_sha256": base_sha256(base),
+        "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE) if has_adapter else "",
+        "cases_sha256": io.sha256_file(data_dir / "cases.parquet"),
+    }  # deterministic (timings are kept apart): the gate's evidence binds it
+    metrics = {
+        **numbers,
+        **identity,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "device": default_device(),
+    }
     io.write_json(metrics_path, metrics)
     return metrics
 
 
 def describe(argv, m: dict) -> str:
-    abcd = ", ".join(f"{c} value {m[f'{c}_value_accuracy']:.3f} core {m[f'{c}_core_accuracy']:.3f}" for c in "ABCD" if m.get(f"{c}_run"))
+    abcd = ", ".join(
+        f"{c} value {m[f'{c}_value_accuracy']:.3f} core {m[f'{c}_core_accuracy']:.3f}"
+        for c in "ABCD"
+        if m.get(f"{c}_run")
+    )
     return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}"
 
 

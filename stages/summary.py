@@ -14,10 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from clap import grpo_policy as grpo
 from clap import io, params, stage
 from clap.errors import ClapError
-from clap.summary import SummaryParams, batch_row, plot_frame, render_markdown, summarize
+from clap.judge import grpo_gate as grpo
+from clap.judge.summary import SummaryParams, batch_row, plot_frame, render_markdown, summarize
 
 USAGE = "usage: python stages/summary.py METRICS_DIR REPORT_MD SUMMARY_JSON PLOT_CSV"
 
@@ -27,7 +27,12 @@ def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) 
     p = params.section("summary", SummaryParams)
     batches = params.raw_section("batches")
     if not isinstance(batches, list) or not batches:
-        raise ClapError("params `batches` must be a non-empty list", file="params.yaml", column="batches", rule="bad_params")
+        raise ClapError(
+            "params `batches` must be a non-empty list",
+            file="params.yaml",
+            column="batches",
+            rule="bad_params",
+        )
     rows = [batch_row(metrics_dir, str(b), p) for b in batches]
     flat = summarize(rows, p)
     markdown = render_markdown(rows, flat, p)

@@ -20,23 +20,33 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from clap import determinism, io, params, stage  # noqa: E402
-from clap.detector import DetectorParams  # noqa: E402
-from clap.diagnosis import curves_csv  # noqa: E402
-from clap.model import default_device  # noqa: E402
-from clap.training import TrainParams, train_batch  # noqa: E402
+from clap.model.base import default_device  # noqa: E402
+from clap.train.detector import DetectorParams  # noqa: E402
+from clap.train.diagnosis import curves_csv  # noqa: E402
+from clap.train.sft import TrainParams, train_batch  # noqa: E402
 
 USAGE = "usage: python stages/train.py ADMITTED_DIR BASE_DIR ADAPTER_DIR METRICS_JSON CURVES_CSV"
 
 
-def run(data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path) -> dict | None:
+def run(
+    data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path
+) -> dict | None:
     """Train one batch; rank 0 writes the record and curves and gets the record back."""
     dp = params.section("determinism", determinism.DeterminismParams)
     determinism.apply(dp)
-    result = train_batch(data_dir, base_dir, adapter_dir, params.section("train", TrainParams), params.section("detector", DetectorParams))
+    result = train_batch(
+        data_dir,
+        base_dir,
+        adapter_dir,
+        params.section("train", TrainParams),
+        params.section("detector", DetectorParams),
+    )
     if not result.is_main:
         return None
     weights = adapter_dir / "adapter_model.safetensors"
-    logical = determinism.adapter_logical_hash(weights, dp.logical_decimals) if result.record["trained"] else ""
+    logical = (
+        determinism.adapter_logical_hash(weights, dp.logical_decimals) if result.record["trained"] else ""
+    )
     result.record.update(determinism.record(dp, default_device()), adapter_logical_sha256=logical)
     io.write_json(metrics_path, result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves))
@@ -52,9 +62,11 @@ def describe(argv, r: dict) -> str:
     def f(v) -> str:
         return f"{v:.3f}" if isinstance(v, (int, float)) else str(v)
 
-    return (f"train {batch_dir}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
-            f"{f(r['train_loss_end'])}, probe {f(r['probe_loss_start'])} -> {f(r['probe_loss_end'])}, detector log E max "
-            f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s")
+    return (
+        f"train {batch_dir}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
+        f"{f(r['train_loss_end'])}, probe {f(r['probe_loss_start'])} -> {f(r['probe_loss_end'])}, detector log E max "
+        f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s"
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ the real SmolLM2 tokenizer and chat template), built once per test session (~15 
 it reading the tokenizer out of the GGUF). Use it wherever a test needs a model folder::
 
     def test_x(tiny_base):
-        model = clap.model.load_model(tiny_base)
+        model = clap.model.base.load_model(tiny_base)
 
 Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
 """
@@ -27,7 +27,7 @@ TINY_SEED = 1234
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Path:
     """Path of the session's tiny base model folder (read-only)."""
-    from clap.model import make_tiny_base
+    from clap.model.base import make_tiny_base
 
     return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
 
@@ -41,19 +41,38 @@ TINY_DATE = "2026-01-15"
 
 def _tiny_combos() -> list[dict]:
     combos = []
-    for mi, (metric, unit) in enumerate(TINY_METRICS.items()):
+    for metric, unit in TINY_METRICS.items():
         for li, line in enumerate(TINY_LINES):
             for si, shift in enumerate(TINY_SHIFTS):
                 value = 80 + 3 * li + si if metric == "oee" else 5 * (li + 1) + 2 * si
                 doc_id = f"KB-{metric}-{line}-{shift}"
                 body = f"{line} shift {shift}: {metric} {value} {unit}."
-                combos.append(dict(metric=metric, unit=unit, line=line, shift=shift, value=float(value), date=TINY_DATE,
-                                   evidence=body, evidence_doc_id=doc_id, body=body))
+                combos.append(
+                    dict(
+                        metric=metric,
+                        unit=unit,
+                        line=line,
+                        shift=shift,
+                        value=float(value),
+                        date=TINY_DATE,
+                        evidence=body,
+                        evidence_doc_id=doc_id,
+                        body=body,
+                    )
+                )
     return combos
 
 
-def write_tiny_admitted(out_dir: Path, *, n_sft: int, n_probe: int, seed: int, relabel: bool = False, admitted: bool = True,
-                        n_combos: int = 16) -> Path:
+def write_tiny_admitted(
+    out_dir: Path,
+    *,
+    n_sft: int,
+    n_probe: int,
+    seed: int,
+    relabel: bool = False,
+    admitted: bool = True,
+    n_combos: int = 16,
+) -> Path:
     """A tiny admitted batch in the data-contract layout (sft/probe/eval/kb parquet + admission.json).
 
     Up to 16 (metric, line, shift) combos, each with one KB document, used in turn (balanced);
@@ -71,19 +90,53 @@ def write_tiny_admitted(out_dir: Path, *, n_sft: int, n_probe: int, seed: int, r
 
     rng = np.random.default_rng(seed)
     combos = [_tiny_combos()[i] for i in range(0, 16, 16 // n_combos)][:n_combos]
-    kb = pd.DataFrame([{"doc_id": c["evidence_doc_id"], "system": "mes", "record_ref": c["evidence_doc_id"], "title": c["metric"],
-                        "body": c["body"], "line": c["line"], "shift": c["shift"], "date": c["date"]} for c in combos])
+    kb = pd.DataFrame(
+        [
+            {
+                "doc_id": c["evidence_doc_id"],
+                "system": "mes",
+                "record_ref": c["evidence_doc_id"],
+                "title": c["metric"],
+                "body": c["body"],
+                "line": c["line"],
+                "shift": c["shift"],
+                "date": c["date"],
+            }
+            for c in combos
+        ]
+    )
 
     def items(split: str, n: int, start: int) -> pd.DataFrame:
         rows = []
         for k in range(n):
             c = combos[(start + k) % len(combos)]
             q = f"Ticket {start + k}: {c['metric']} on {c['line']} shift {c['shift']}?"
-            rows.append({"item_id": f"{split}-{start + k}", "split": split, "question": q, "question_type": "kpi_lookup",
-                         "context_doc_ids": json.dumps([c["evidence_doc_id"]]), **{f: c[f] for f in
-                         ("metric", "value", "unit", "line", "shift", "date", "evidence", "evidence_doc_id")},
-                         "source_system": "mes", "input_hash": hashlib.sha256(q.encode()).hexdigest(),
-                         "source_file": "question_log.jsonl", "source_line": start + k + 1})
+            rows.append(
+                {
+                    "item_id": f"{split}-{start + k}",
+                    "split": split,
+                    "question": q,
+                    "question_type": "kpi_lookup",
+                    "context_doc_ids": json.dumps([c["evidence_doc_id"]]),
+                    **{
+                        f: c[f]
+                        for f in (
+                            "metric",
+                            "value",
+                            "unit",
+                            "line",
+                            "shift",
+                            "date",
+                            "evidence",
+                            "evidence_doc_id",
+                        )
+                    },
+                    "source_system": "mes",
+                    "input_hash": hashlib.sha256(q.encode()).hexdigest(),
+                    "source_file": "question_log.jsonl",
+                    "source_line": start + k + 1,
+                }
+            )
         return pd.DataFrame(rows)
 
     sft, probe, ev = items("train", n_sft, 1000), items("eval", n_probe, 5000), items("eval", n_probe, 7000)
@@ -95,7 +148,10 @@ def write_tiny_admitted(out_dir: Path, *, n_sft: int, n_probe: int, seed: int, r
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, df in {"sft": sft, "probe": probe, "eval": ev, "grpo": sft, "replay": ev, "kb": kb}.items():
         io.write_parquet(out_dir / f"{name}.parquet", df)
-    io.write_json(out_dir / "admission.json", {"verdict": admitted, "reasons": [] if admitted else ["tiny batch refused"]})
+    io.write_json(
+        out_dir / "admission.json",
+        {"verdict": admitted, "reasons": [] if admitted else ["tiny batch refused"]},
+    )
     return out_dir
 
 
@@ -105,7 +161,7 @@ def make_tiny_adapter(base_dir: Path, out_dir: Path, seed: int) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from clap.model import load_model
+    from clap.model.base import load_model
 
     torch.manual_seed(seed)
     config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
@@ -124,8 +180,13 @@ def e2e_project_files() -> list[str]:
     """Tracked and untracked-not-ignored files of the working tree, minus other batches and run outputs."""
     import subprocess
 
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=_ROOT,
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     keep = []
     for f in filter(None, out):
         if f.startswith("data/raw/") and not f.startswith(f"data/raw/{E2E_BATCH}/"):
@@ -145,12 +206,16 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["batches"] = [E2E_BATCH]
     p["sizes"] = {"sft": 16, "grpo": 4, "eval": 8, "probe": 8, "replay": 6}
     p["admit"]["min_sizes"] = {"sft": 8, "grpo": 2, "eval": 4, "probe": 4, "replay": 2}
-    p["admit"].update(max_metric_share=0.5, min_line_coverage=0.5)  # 16 training items cannot cover every metric and line evenly
+    p["admit"].update(
+        max_metric_share=0.5, min_line_coverage=0.5
+    )  # 16 training items cannot cover every metric and line evenly
     p["base"]["model"] = str(tiny_base)
     p["train"].update(max_steps=6, save_steps=3)
     p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
     p["eval"].update(batch_size=8, max_new_tokens=24)
-    p["grpo"].update(enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8)
+    p["grpo"].update(
+        enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8
+    )
     for section, key, value in (("replay", "max_new_tokens", 24), ("chain", "max_new_tokens", 24)):
         if section in p and key in p[section]:
             p[section][key] = value
@@ -161,8 +226,14 @@ def e2e_env() -> dict:
     """Environment of git/dvc in the tiny repository (this interpreter's tools first on PATH)."""
     import sys
 
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return env
 
@@ -172,14 +243,22 @@ def run_dvc(repo: Path, *args: str, env: dict | None = None):
     import subprocess
     import sys
 
-    return subprocess.run([str(Path(sys.executable).parent / "dvc"), *args], cwd=repo, env=env or e2e_env(),
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "dvc"), *args],
+        cwd=repo,
+        env=env or e2e_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def git(repo: Path, *args: str) -> str:
     import subprocess
 
-    return subprocess.run(["git", *args], cwd=repo, env=e2e_env(), check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=e2e_env(), check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.fixture(scope="session")

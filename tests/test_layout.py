@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
-from pathlib import Path
 
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
+from layout import ROOT, closure, direct_imports, package_of
 
 
 def _python_files(*dirs: str):
@@ -62,12 +61,16 @@ def test_every_stage_script_and_library_dep_exists():
 
 
 def test_stage_scripts_are_thin():
-    too_long = {p.name: n for p in (ROOT / "stages").glob("*.py") if (n := len(p.read_text().splitlines())) > 150}
+    too_long = {
+        p.name: n for p in (ROOT / "stages").glob("*.py") if (n := len(p.read_text().splitlines())) > 150
+    }
     assert too_long == {}
 
 
 def test_no_private_keys_are_tracked():
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     suspicious = [f for f in files if f.endswith((".key", ".pem")) or "private" in f.lower()]
     assert suspicious == []
     marker = b"PRIVATE" + b" KEY-----"  # split so this file does not match itself
@@ -75,3 +78,58 @@ def test_no_private_keys_are_tracked():
         p = ROOT / f
         if p.is_file() and p.stat().st_size < 1_000_000:
             assert marker not in p.read_bytes(), f
+
+
+def _stage_script(body) -> str:
+    return re.search(r"python (stages/\S+\.py)", body["cmd"]).group(1)
+
+
+def test_stage_deps_cover_every_file_the_stage_imports():
+    """A code change must re-run every stage whose code changed: deps cover the stage's whole import closure."""
+    uncovered = []
+    for name, stage in _dvc_stages().items():
+        body = stage.get("do", stage)
+        deps = [ROOT / d for d in body.get("deps", [])]
+        for f in sorted(closure(ROOT / _stage_script(body))):
+            if not any(f == d or d in f.parents for d in deps):
+                uncovered.append(f"{name}: {f.relative_to(ROOT)}")
+    assert uncovered == []
+
+
+def test_no_import_cycle_between_packages():
+    """The phases form a DAG (clap/cli.py, the entry point, may import any of them)."""
+    edges: dict[str, set[str]] = {}
+    for path in (ROOT / "clap").rglob("*.py"):
+        src = package_of(path)
+        for dst in map(package_of, (f for f in direct_imports(path) if f.is_relative_to(ROOT / "clap"))):
+            if dst != src:
+                edges.setdefault(src, set()).add(dst)
+    assert "cli" not in set().union(*edges.values())
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", f"import cycle: {' -> '.join([*trail, node])}"
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt, [*trail, node])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        visit(node, [])
+
+
+def test_product_code_never_imports_the_demo_generator():
+    """Only the demo itself and the CLI (`clap demo-data`) may import clap/demo."""
+    demo = ROOT / "clap" / "demo"
+    product = [
+        p
+        for d in ("clap", "schemas", "stages")
+        for p in (ROOT / d).rglob("*.py")
+        if not p.is_relative_to(demo) and p != ROOT / "clap" / "cli.py"
+    ]
+    offenders = [
+        str(p.relative_to(ROOT)) for p in product if any(f.is_relative_to(demo) for f in direct_imports(p))
+    ]
+    assert offenders == []

@@ -33,7 +33,10 @@ def test_dvc_repro_runs_every_stage_then_is_a_noop(tiny_repo, tiny_run):
     assert (tiny_repo / f"reports/gate/{BATCH}/report.md").read_text().strip()
     probe = json.loads((tiny_repo / f"metrics/grpo/{BATCH}.json").read_text())
     assert probe["run"] == 1 and probe["steps"] >= 1 and probe["static_verdict"] in {"pass", "fail"}
-    assert gate["grpo_decision"] == "hold" and "GRPO probe: static admission vs runtime" in (tiny_repo / "reports/summary.md").read_text()
+    assert (
+        gate["grpo_decision"] == "hold"
+        and "GRPO probe: static admission vs runtime" in (tiny_repo / "reports/summary.md").read_text()
+    )
 
     start = time.perf_counter()
     again = run_dvc(tiny_repo, "repro")
@@ -54,14 +57,18 @@ def test_a_gate_policy_change_reruns_only_gate_and_summary(tiny_repo, tiny_run):
     path = tiny_repo / "params.yaml"
     original = path.read_text()
     p = yaml.safe_load(original)
-    p["gate"]["alpha"] = 0.04  # a plain gate knob, and one of the application-chain policy (decided by the gate too)
+    p["gate"]["alpha"] = (
+        0.04  # a plain gate knob, and one of the application-chain policy (decided by the gate too)
+    )
     p["gate"]["chain"]["min_value_accuracy"] = 0.9
     try:
         path.write_text(yaml.safe_dump(p, sort_keys=False))
         changed = run_dvc(tiny_repo, "repro")
         assert changed.returncode == 0, changed.stderr[-3000:]
         ran = _ran(changed)  # summary re-runs when the gate's metrics changed
-        assert ran[:1] == [f"gate@{BATCH}"] and set(ran) <= {f"gate@{BATCH}", "summary"}, changed.stdout[-3000:]  # never replay nor eval
+        assert ran[:1] == [f"gate@{BATCH}"] and set(ran) <= {f"gate@{BATCH}", "summary"}, changed.stdout[
+            -3000:
+        ]  # never replay nor eval
     finally:
         path.write_text(original)
     back = run_dvc(tiny_repo, "repro")  # the other e2e tests see the original run's decisions again

@@ -23,16 +23,20 @@ from conftest import E2E_BATCH as BATCH
 from conftest import e2e_env, git, run_dvc
 
 from clap import cli, io, params
-from clap import verify as vf
 from clap.errors import ClapError
+from clap.release import verify as vf
 
 pytestmark = pytest.mark.slow
 # (stage, the path whose final rename kills it): gate after its report folder, before its metrics;
 # train after checkpoint-6's weights are saved but before its state marker, so the re-run
 # resumes from checkpoint-3 (the tiny config trains 6 steps, a checkpoint every 3). Killed
 # downstream first, so each killed stage still finds its inputs.
-KILLS = [("gate", f"metrics/gate/{BATCH}.json"), ("eval", f"data/eval/{BATCH}"),
-         ("train", f"checkpoints/{BATCH}/checkpoint-6/clap_diagnosis.json"), ("assetize", f"data/assets/{BATCH}")]
+KILLS = [
+    ("gate", f"metrics/gate/{BATCH}.json"),
+    ("eval", f"data/eval/{BATCH}"),
+    ("train", f"checkpoints/{BATCH}/checkpoint-6/clap_diagnosis.json"),
+    ("assetize", f"data/assets/{BATCH}"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +70,12 @@ def test_verify_reproduces_decisions_and_hashes(tiny_repo, committed, monkeypatc
     assert result.failures == [] and result.batches == [BATCH]
     for key in (f"metrics/gate/{BATCH}.json:decision", f"metrics/gate/{BATCH}.json:offline_decision"):
         assert rows[key].kind == "decision" and rows[key].status == "match"
-    for path in (f"models/adapters/{BATCH}/adapter_model.safetensors", f"data/eval/{BATCH}/items.parquet",
-                 f"data/assets/{BATCH}/sft.parquet", f"data/admitted/{BATCH}/sft.parquet"):
+    for path in (
+        f"models/adapters/{BATCH}/adapter_model.safetensors",
+        f"data/eval/{BATCH}/items.parquet",
+        f"data/assets/{BATCH}/sft.parquet",
+        f"data/admitted/{BATCH}/sft.parquet",
+    ):
         assert rows[path].kind == "hash" and rows[path].status == "match"  # byte-identical on CPU
     assert rows[f"metrics/eval/{BATCH}.json:wall_s"].status == "expected"  # timings differ, and do not fail
     assert rows[f"reports/gate/{BATCH}/evidence.json:git_commit"].kind == "provenance"
@@ -77,7 +85,12 @@ def test_verify_reproduces_decisions_and_hashes(tiny_repo, committed, monkeypatc
 def _tampered_commit(repo: Path, rel: str, text: str) -> str:
     """A commit on top of HEAD where ``rel`` holds ``text`` (dvc.lock unchanged); the workspace is not touched."""
     env = {**e2e_env(), "GIT_INDEX_FILE": str(repo / ".git" / "tamper-index")}
-    run = lambda *a, **kw: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw).stdout.strip()  # noqa: E731
+
+    def run(*a, **kw):
+        return subprocess.run(
+            ["git", *a], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw
+        ).stdout.strip()
+
     run("read-tree", "HEAD")
     blob = run("hash-object", "-w", "--stdin", input=text)
     run("update-index", "--cacheinfo", f"100644,{blob},{rel}")
@@ -97,10 +110,16 @@ def test_verify_fails_loudly_when_the_lock_does_not_match(tiny_repo, committed, 
 
 
 def _temporaries(repo: Path) -> list[Path]:
-    return [p for top in ("data", "models", "metrics", "reports", "plots", "checkpoints") for p in (repo / top).rglob(".*.tmp")]
+    return [
+        p
+        for top in ("data", "models", "metrics", "reports", "plots", "checkpoints")
+        for p in (repo / top).rglob(".*.tmp")
+    ]
 
 
-def _assert_no_partial_outputs(repo: Path, committed_dir: Path, stage_outs: list[str], vp: vf.VerifyParams) -> None:
+def _assert_no_partial_outputs(
+    repo: Path, committed_dir: Path, stage_outs: list[str], vp: vf.VerifyParams
+) -> None:
     """Every file at a final path is absent or complete (equal to the uninterrupted run's, timings aside)."""
     for rel in stage_outs:
         before = vf.files_under(committed_dir, rel)
@@ -115,7 +134,9 @@ def _dvc_bin() -> str:
 
 def _runs_a_stage(proc: subprocess.Popen) -> bool:
     try:
-        return any("stages/" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True))
+        return any(
+            "stages/" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)
+        )
     except psutil.Error:  # a child ended while being inspected
         return False
 
@@ -135,16 +156,32 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
     vf.snapshot(tiny_repo, paths, tmp_path / "committed")
     shutil.rmtree(tiny_repo / "checkpoints" / BATCH)  # train from scratch, so it is killed mid-training
     for stage, rel in KILLS:
-        killed = run_dvc(tiny_repo, "repro", "--force", "--single-item", f"{stage}@{BATCH}", env={**e2e_env(), io.CRASH_ENV: f"*/{rel}"})
+        killed = run_dvc(
+            tiny_repo,
+            "repro",
+            "--force",
+            "--single-item",
+            f"{stage}@{BATCH}",
+            env={**e2e_env(), io.CRASH_ENV: f"*/{rel}"},
+        )
         assert killed.returncode != 0
         target = tiny_repo / rel
-        assert list(target.parent.glob(f".{target.name}.*.tmp")), f"{stage} was not killed mid-write:\n{killed.stderr[-2000:]}"
+        assert list(target.parent.glob(f".{target.name}.*.tmp")), (
+            f"{stage} was not killed mid-write:\n{killed.stderr[-2000:]}"
+        )
         _assert_no_partial_outputs(tiny_repo, tmp_path / "committed", vf.outs(lock, f"{stage}@{BATCH}"), vp)
 
     # forced, without the run-cache: the killed stages really run again (train resumes from its
     # checkpoint); a plain `dvc repro` restores their missing outputs from the local cache instead
     again = [f"{stage}@{BATCH}" for stage, _ in reversed(KILLS)]
-    rerun = subprocess.Popen([_dvc_bin(), "repro", "--force", "--no-run-cache", "--single-item", *again], cwd=tiny_repo, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rerun = subprocess.Popen(
+        [_dvc_bin(), "repro", "--force", "--no-run-cache", "--single-item", *again],
+        cwd=tiny_repo,
+        env=e2e_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for_stage_process(rerun)
         concurrent = run_dvc(tiny_repo, "repro")  # same workspace, while the first holds the lock
@@ -158,6 +195,8 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
     rows = vf.compare_outputs(tmp_path / "committed", tiny_repo, paths, BATCH, vp)
     assert vf.VerifyResult("", [BATCH], rows, 0.0).failures == []
     by_key = {r.artifact: r for r in rows}
-    assert by_key[f"models/adapters/{BATCH}/adapter_model.safetensors"].status == "match"  # resumed training: same bytes
+    assert (
+        by_key[f"models/adapters/{BATCH}/adapter_model.safetensors"].status == "match"
+    )  # resumed training: same bytes
     assert io.read_json(tiny_repo / f"metrics/train/{BATCH}.json")["resumed_from"] == "checkpoint-3"
     assert _temporaries(tiny_repo) == []  # the re-run swept what the kills left

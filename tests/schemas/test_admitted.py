@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from clap.data.normalize import input_hash
 from clap.errors import ClapError
-from clap.normalize import input_hash
 from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
 from schemas.normalized import validate_frame
 
@@ -15,7 +15,9 @@ ROLES = ["sft", "grpo", "eval", "probe", "replay"]
 
 def admitted_set() -> pd.DataFrame:
     ids = ["Q-1", "Q-1", "Q-2", "Q-3", "Q-4"]  # sft and grpo may share a training item
-    return pd.DataFrame({"role": ROLES, "item_id": ids, "input_hash": [input_hash(f"question {i}") for i in ids]})
+    return pd.DataFrame(
+        {"role": ROLES, "item_id": ids, "input_hash": [input_hash(f"question {i}") for i in ids]}
+    )
 
 
 def test_good_admitted_set_passes():
@@ -35,7 +37,10 @@ BAD = [
     (_leak("probe", "grpo", "input_hash"), "zero_overlap"),  # train/probe overlap by input
     (_leak("probe", "eval", "item_id"), "zero_overlap"),  # the probe must not reuse eval items
     (_leak("replay", "eval", "input_hash"), "zero_overlap"),
-    (lambda df: pd.concat([df, df.iloc[[2]].assign(input_hash=input_hash("x"))], ignore_index=True), "unique_within_role"),
+    (
+        lambda df: pd.concat([df, df.iloc[[2]].assign(input_hash=input_hash("x"))], ignore_index=True),
+        "unique_within_role",
+    ),
     (lambda df: df.assign(role=["sft", "grpo", "test", "probe", "replay"]), "isin"),
     (lambda df: df.assign(input_hash="nothex"), "str_matches"),
     (lambda df: df.drop(columns="input_hash"), "column_in_dataframe"),
@@ -60,7 +65,18 @@ def test_admitted_items_and_kb_keep_the_normalized_rules():
     validate_frame(AdmittedItems, item, "eval.parquet")
     with pytest.raises(ClapError, match="str_matches"):
         validate_frame(AdmittedItems, item.assign(line="Line 3"), "eval.parquet")
-    doc = pd.DataFrame({"doc_id": ["KB-1"], "system": ["mes"], "record_ref": ["SR-1"], "title": ["t"], "body": ["OEE was 81.5 %."], "line": ["L3"], "shift": ["B"], "date": ["2026-03-14"]})
+    doc = pd.DataFrame(
+        {
+            "doc_id": ["KB-1"],
+            "system": ["mes"],
+            "record_ref": ["SR-1"],
+            "title": ["t"],
+            "body": ["OEE was 81.5 %."],
+            "line": ["L3"],
+            "shift": ["B"],
+            "date": ["2026-03-14"],
+        }
+    )
     validate_frame(AdmittedKB, doc, "kb.parquet")
     with pytest.raises(ClapError, match="cleaned_text"):
         validate_frame(AdmittedKB, doc.assign(body="OEE was 81.5 % "), "kb.parquet")

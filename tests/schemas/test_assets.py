@@ -11,15 +11,44 @@ import pytest
 from schemas.assets import EvalAsset, KbAsset, RecordsAsset, RejectsAsset, ReplayAsset, SftAsset
 
 SRC = {"source_file": "f.csv", "source_line": 2}
-RECORD = {"record_id": "SR-1", "source_system": "mes", "line_raw": "L3 ", "shift_raw": "B", "date_raw": "14.03.2026",
-          "metric_label": "98,2% FPY", "value": 98.2, "unit_raw": "%", "text": "", **SRC}
+RECORD = {
+    "record_id": "SR-1",
+    "source_system": "mes",
+    "line_raw": "L3 ",
+    "shift_raw": "B",
+    "date_raw": "14.03.2026",
+    "metric_label": "98,2% FPY",
+    "value": 98.2,
+    "unit_raw": "%",
+    "text": "",
+    **SRC,
+}
 KB = {"doc_id": "KB-1", "system": "mes", "record_ref": "SR-1", "title": "t", "body": "FPY was 98.2 %.", **SRC}
-ITEM = {"item_id": "Q-1", "split": "train", "question": "FPY on L3?", "question_type": "direct",
-        "context_doc_ids": '["KB-1", "KB-2"]', "metric_label": "FPY", "value_raw": "98,2", "unit_raw": "%",
-        "line_raw": "L3", "shift_raw": "B", "date_raw": "2026-03-14", "evidence": "FPY was 98.2 %",
-        "evidence_doc_id": "KB-1", **SRC}
-REJECT = {"source_system": "mes", "record_id": None, "rule": "bad_json", "column": "<row>", "detail": "x",
-          "raw": "{", **SRC}
+ITEM = {
+    "item_id": "Q-1",
+    "split": "train",
+    "question": "FPY on L3?",
+    "question_type": "direct",
+    "context_doc_ids": '["KB-1", "KB-2"]',
+    "metric_label": "FPY",
+    "value_raw": "98,2",
+    "unit_raw": "%",
+    "line_raw": "L3",
+    "shift_raw": "B",
+    "date_raw": "2026-03-14",
+    "evidence": "FPY was 98.2 %",
+    "evidence_doc_id": "KB-1",
+    **SRC,
+}
+REJECT = {
+    "source_system": "mes",
+    "record_id": None,
+    "rule": "bad_json",
+    "column": "<row>",
+    "detail": "x",
+    "raw": "{",
+    **SRC,
+}
 
 
 def frame(row: dict, n: int = 2, **changes) -> pd.DataFrame:
@@ -33,10 +62,17 @@ def frame(row: dict, n: int = 2, **changes) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("model,row", [(RecordsAsset, RECORD), (KbAsset, KB), (SftAsset, ITEM),
-                                       (EvalAsset, dict(ITEM, split="eval")),
-                                       (ReplayAsset, dict(ITEM, split="replay", context_doc_ids="[]")),
-                                       (RejectsAsset, REJECT)])
+@pytest.mark.parametrize(
+    "model,row",
+    [
+        (RecordsAsset, RECORD),
+        (KbAsset, KB),
+        (SftAsset, ITEM),
+        (EvalAsset, dict(ITEM, split="eval")),
+        (ReplayAsset, dict(ITEM, split="replay", context_doc_ids="[]")),
+        (RejectsAsset, REJECT),
+    ],
+)
 def test_good_frames_pass(model, row):
     out = model.validate(frame(row), lazy=True)
     assert len(out) == 2
@@ -54,16 +90,36 @@ BAD = [  # (what, model, good row, change of the last row, failing column, faili
     ("infinite value", RecordsAsset, RECORD, {"value": math.inf}, "value", "finite"),
     ("value not a number", RecordsAsset, RECORD, {"value": "n/a"}, "value", "coerce_dtype"),
     ("null string", RecordsAsset, RECORD, {"line_raw": None}, "line_raw", "not_nullable"),
-    ("source_line below 1", RecordsAsset, RECORD, {"source_line": 0}, "source_line", "greater_than_or_equal_to"),
+    (
+        "source_line below 1",
+        RecordsAsset,
+        RECORD,
+        {"source_line": 0},
+        "source_line",
+        "greater_than_or_equal_to",
+    ),
     ("duplicate doc_id", KbAsset, KB, {"doc_id": "KB-1-0"}, "doc_id", "field_uniqueness"),
     ("null body", KbAsset, KB, {"body": None}, "body", "not_nullable"),
     ("duplicate item_id", SftAsset, ITEM, {"item_id": "Q-1-0"}, "item_id", "field_uniqueness"),
     ("eval row in sft", SftAsset, ITEM, {"split": "eval"}, "split", "isin"),
     ("train row in eval", EvalAsset, dict(ITEM, split="eval"), {"split": "train"}, "split", "isin"),
     ("unknown split", ReplayAsset, dict(ITEM, split="replay"), {"split": "test"}, "split", "isin"),
-    ("context not JSON", SftAsset, ITEM, {"context_doc_ids": "KB-1;KB-2"}, "context_doc_ids", "json_list_of_strings"),
-    ("context not a list of strings", SftAsset, ITEM, {"context_doc_ids": "[1, 2]"}, "context_doc_ids",
-     "json_list_of_strings"),
+    (
+        "context not JSON",
+        SftAsset,
+        ITEM,
+        {"context_doc_ids": "KB-1;KB-2"},
+        "context_doc_ids",
+        "json_list_of_strings",
+    ),
+    (
+        "context not a list of strings",
+        SftAsset,
+        ITEM,
+        {"context_doc_ids": "[1, 2]"},
+        "context_doc_ids",
+        "json_list_of_strings",
+    ),
     ("unknown reject rule", RejectsAsset, REJECT, {"rule": "looks_odd"}, "rule", "isin"),
     ("unknown reject system", RejectsAsset, REJECT, {"source_system": "erp"}, "source_system", "isin"),
     ("null reject detail", RejectsAsset, REJECT, {"detail": None}, "detail", "not_nullable"),
@@ -78,7 +134,9 @@ def test_bad_frames_fail_on_their_rule(what, model, row, change, column, check):
     assert any(c == column and k.startswith(check) for c, k in failed), failed
 
 
-@pytest.mark.parametrize("model,row", [(RecordsAsset, RECORD), (KbAsset, KB), (SftAsset, ITEM), (RejectsAsset, REJECT)])
+@pytest.mark.parametrize(
+    "model,row", [(RecordsAsset, RECORD), (KbAsset, KB), (SftAsset, ITEM), (RejectsAsset, REJECT)]
+)
 def test_strict_columns(model, row):
     with pytest.raises(pa.errors.SchemaErrors):
         model.validate(frame(row).assign(extra=1), lazy=True)

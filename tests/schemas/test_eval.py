@@ -6,29 +6,57 @@ import pandas as pd
 import pytest
 
 from clap.errors import ClapError
-from clap.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
-from clap.prompt import ANSWER_FIELDS
+from clap.judge.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.task.prompt import ANSWER_FIELDS
 from schemas.eval import EvalItems, EvalTimings
 from schemas.normalized import validate_frame
 
 
 def item(model: str, pos: int, good: bool) -> dict:
     row = dict.fromkeys(SCORED_COLUMNS)
-    row.update(model=model, position=pos, item_id=f"Q-{pos}", metric="oee", line="L1", shift="A", source_system="mes", question_type="direct",
-               gold_value=80.0, output='{"metric": "oee"}', parse_ok=True, parse_error="", pred_metric="oee", pred_value=80.0 if good else 7.0,
-               overall=1.0 if good else 7 / 9, hallucination=not good, wrong_fact=False, new_tokens=12, prompt_tokens=90)
+    row.update(
+        model=model,
+        position=pos,
+        item_id=f"Q-{pos}",
+        metric="oee",
+        line="L1",
+        shift="A",
+        source_system="mes",
+        question_type="direct",
+        gold_value=80.0,
+        output='{"metric": "oee"}',
+        parse_ok=True,
+        parse_error="",
+        pred_metric="oee",
+        pred_value=80.0 if good else 7.0,
+        overall=1.0 if good else 7 / 9,
+        hallucination=not good,
+        wrong_fact=False,
+        new_tokens=12,
+        prompt_tokens=90,
+    )
     row.update({f"{k}_correct": good or k != "value" for k in ANSWER_FIELDS})
     row["pass"] = good
     return row
 
 
 def items() -> pd.DataFrame:
-    return pd.DataFrame([item("base", 0, False), item("base", 1, True), item("candidate", 0, True), item("candidate", 1, True)], columns=SCORED_COLUMNS)
+    return pd.DataFrame(
+        [
+            item("base", 0, False),
+            item("base", 1, True),
+            item("candidate", 0, True),
+            item("candidate", 1, True),
+        ],
+        columns=SCORED_COLUMNS,
+    )
 
 
 def test_good_frames_pass():
     assert len(validate_frame(EvalItems, items(), "items.parquet")) == 4
-    timings = pd.DataFrame([("base", "Q-0", 10.0, 20.0, 2, 0), ("base", "Q-1", 10.0, 20.0, 2, 0)], columns=TIMING_COLUMNS)
+    timings = pd.DataFrame(
+        [("base", "Q-0", 10.0, 20.0, 2, 0), ("base", "Q-1", 10.0, 20.0, 2, 0)], columns=TIMING_COLUMNS
+    )
     assert len(validate_frame(EvalTimings, timings, "timings.parquet")) == 2
 
 

@@ -7,9 +7,15 @@ import json
 import pandas as pd
 import pytest
 
+from clap.data.normalize import input_hash
 from clap.errors import ClapError
-from clap.normalize import input_hash
-from schemas.normalized import NormalizedItems, NormalizedKB, NormalizedRecords, NormalizedRejects, validate_frame
+from schemas.normalized import (
+    NormalizedItems,
+    NormalizedKB,
+    NormalizedRecords,
+    NormalizedRejects,
+    validate_frame,
+)
 
 
 def records() -> pd.DataFrame:
@@ -39,7 +45,15 @@ def items() -> pd.DataFrame:
 
 
 def rejects() -> pd.DataFrame:
-    return pd.DataFrame({"artifact": ["sft", "records"], "item_id": ["Q-9", "SR-9"], "rule": ["unknown_metric", "duplicate_across_systems"], "action": ["rejected", "deduplicated"], "detail": ["x", "y"]})
+    return pd.DataFrame(
+        {
+            "artifact": ["sft", "records"],
+            "item_id": ["Q-9", "SR-9"],
+            "rule": ["unknown_metric", "duplicate_across_systems"],
+            "action": ["rejected", "deduplicated"],
+            "detail": ["x", "y"],
+        }
+    )
 
 
 GOOD = {NormalizedRecords: records, NormalizedKB: kb, NormalizedItems: items, NormalizedRejects: rejects}
@@ -74,8 +88,16 @@ BAD = [
     (NormalizedRecords, _set("source_line", 0), "greater_than_or_equal_to"),
     (NormalizedRecords, lambda df: df.assign(extra=1), "column_in_schema"),
     (NormalizedRecords, lambda df: df.drop(columns="unit"), "column_in_dataframe"),
-    (NormalizedRecords, lambda df: df.assign(metric="oee", unit=["%", "pct"], value=[1.0, 2.0]), "one_unit_per_metric"),
-    (NormalizedRecords, lambda df: df.assign(line="L3", shift="B", date="2026-03-14", metric="oee", value=81.5, unit="%"), "no_duplicate_fact"),
+    (
+        NormalizedRecords,
+        lambda df: df.assign(metric="oee", unit=["%", "pct"], value=[1.0, 2.0]),
+        "one_unit_per_metric",
+    ),
+    (
+        NormalizedRecords,
+        lambda df: df.assign(line="L3", shift="B", date="2026-03-14", metric="oee", value=81.5, unit="%"),
+        "no_duplicate_fact",
+    ),
     (NormalizedKB, _set("doc_id", "KB-2"), "field_uniqueness"),
     (NormalizedKB, _set("system", "sap"), "isin"),
     (NormalizedKB, _set("body", ""), "str_length"),
@@ -103,7 +125,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("model", "mutate", "check"), BAD, ids=[f"{m.__name__}-{c}-{i}" for i, (m, _, c) in enumerate(BAD)])
+@pytest.mark.parametrize(
+    ("model", "mutate", "check"), BAD, ids=[f"{m.__name__}-{c}-{i}" for i, (m, _, c) in enumerate(BAD)]
+)
 def test_bad_frame_fails_naming_its_rule(model, mutate, check):
     with pytest.raises(ClapError) as e:
         validate_frame(model, mutate(GOOD[model]()), "data/normalized/b/x.parquet")

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from clap.errors import ClapError
-from clap.prompt import ANSWER_FIELDS
-from clap.replay import CASE_COLUMNS, CONDITIONS, TIMING_COLUMNS
+from clap.judge.replay import CASE_COLUMNS, CONDITIONS, TIMING_COLUMNS
+from clap.task.prompt import ANSWER_FIELDS
 from schemas.normalized import validate_frame
 from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
 
@@ -18,10 +18,33 @@ def case(cond: str, pos: int) -> dict:
     model, rag = CONDITIONS[cond]
     retrieved = ["KB-1", "KB-2"] if rag else []
     row = dict.fromkeys(CASE_COLUMNS)
-    row.update(condition=cond, model=model, rag=rag, position=pos, item_id=f"R-{pos}", metric="oee", line="L1", shift="A", source_system="mes",
-               question_type="direct", gold_value=80.0, output='{"metric": "oee"}', parse_ok=True, parse_error="", pred_metric="oee",
-               pred_value=7.0, overall=7 / 9, hallucination=True, wrong_fact=False, new_tokens=12, prompt_tokens=90, gold_doc_id="KB-1",
-               retrieved_doc_ids=json.dumps(retrieved), retrieval_hit=rag, core_correct=True)
+    row.update(
+        condition=cond,
+        model=model,
+        rag=rag,
+        position=pos,
+        item_id=f"R-{pos}",
+        metric="oee",
+        line="L1",
+        shift="A",
+        source_system="mes",
+        question_type="direct",
+        gold_value=80.0,
+        output='{"metric": "oee"}',
+        parse_ok=True,
+        parse_error="",
+        pred_metric="oee",
+        pred_value=7.0,
+        overall=7 / 9,
+        hallucination=True,
+        wrong_fact=False,
+        new_tokens=12,
+        prompt_tokens=90,
+        gold_doc_id="KB-1",
+        retrieved_doc_ids=json.dumps(retrieved),
+        retrieval_hit=rag,
+        core_correct=True,
+    )
     row.update({f"{k}_correct": k != "value" for k in ANSWER_FIELDS})
     row["pass"] = False
     return row
@@ -35,7 +58,9 @@ def test_good_frames_pass():
     assert len(validate_frame(ReplayCases, cases(), "cases.parquet")) == 8
     timings = pd.DataFrame([("A", "R-0", 0.5, 10.0, 10.5, 20.0, 2, 0)], columns=TIMING_COLUMNS)
     assert len(validate_frame(ReplayTimings, timings, "timings.parquet")) == 1
-    plot = pd.DataFrame([("A", "value_accuracy", 0.8, "A value_accuracy")], columns=["condition", "metric", "value", "series"])
+    plot = pd.DataFrame(
+        [("A", "value_accuracy", 0.8, "A value_accuracy")], columns=["condition", "metric", "value", "series"]
+    )
     assert len(validate_frame(ReplayPlot, plot, "plot.csv")) == 1
 
 
@@ -43,6 +68,7 @@ def _set(col, i, value):
     def mutate(df: pd.DataFrame) -> pd.DataFrame:
         df.loc[i, col] = value
         return df
+
     return mutate
 
 
@@ -68,6 +94,16 @@ def test_bad_cases_fail_their_rule(mutate, rule):
 
 def test_bad_timings_and_plot_fail():
     with pytest.raises(ClapError, match="greater_than_or_equal_to"):
-        validate_frame(ReplayTimings, pd.DataFrame([("A", "R-0", -1.0, 10.0, 9.0, 20.0, 2, 0)], columns=TIMING_COLUMNS), "timings.parquet")
+        validate_frame(
+            ReplayTimings,
+            pd.DataFrame([("A", "R-0", -1.0, 10.0, 9.0, 20.0, 2, 0)], columns=TIMING_COLUMNS),
+            "timings.parquet",
+        )
     with pytest.raises(ClapError, match="less_than_or_equal_to"):
-        validate_frame(ReplayPlot, pd.DataFrame([("A", "value_accuracy", 1.5, "A")], columns=["condition", "metric", "value", "series"]), "plot.csv")
+        validate_frame(
+            ReplayPlot,
+            pd.DataFrame(
+                [("A", "value_accuracy", 1.5, "A")], columns=["condition", "metric", "value", "series"]
+            ),
+            "plot.csv",
+        )

@@ -10,15 +10,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from clap import demo
+from clap.demo import generate as demo
 from schemas.assets import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def stage(*args: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "stages/assetize.py", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "stages/assetize.py", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_stage_writes_valid_assets_and_conserving_metrics(tmp_path):
@@ -33,7 +38,13 @@ def test_stage_writes_valid_assets_and_conserving_metrics(tmp_path):
     assert m["conservation_ok"] is True and m["rows_in"] == sum(manifest["rows"].values())
     assert m["maintenance_tickets.encoding"] == "cp1252"
     noise = manifest["noise"]
-    assert min(noise[k] for k in ("duplicate_within_system", "malformed_missing_field", "malformed_broken_quoting")) > 0
+    assert (
+        min(
+            noise[k]
+            for k in ("duplicate_within_system", "malformed_missing_field", "malformed_broken_quoting")
+        )
+        > 0
+    )
     assert m["rejected.duplicate_id"] == noise["duplicate_within_system"]
     assert m["rejected.missing_field"] == noise["malformed_missing_field"]
     assert m["rejected.bad_json"] + m["rejected.broken_quoting"] == noise["malformed_broken_quoting"]
@@ -53,5 +64,7 @@ def test_stage_error_is_one_line_and_keeps_previous_outputs(tmp_path):
     (out / "records.parquet").write_bytes(b"previous run")
     done = stage(raw, out, metrics_path)
     assert done.returncode == 2
-    assert done.stderr.startswith("error: ") and "unknown_file" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        done.stderr.startswith("error: ") and "unknown_file" in done.stderr and "Traceback" not in done.stderr
+    )
     assert (out / "records.parquet").read_bytes() == b"previous run" and not metrics_path.exists()

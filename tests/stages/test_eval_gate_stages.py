@@ -25,32 +25,88 @@ def stage(name: str, *args: Path | str) -> subprocess.CompletedProcess:
     each other for most of each op (measured ~15x slower).
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, f"stages/{name}.py", *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, f"stages/{name}.py", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_eval_gate_summary_chain(tiny_base, tmp_path):
     batch = "2026-01"
     admitted = write_tiny_admitted(tmp_path / "data/admitted" / batch, n_sft=4, n_probe=6, seed=5)
     adapter = make_tiny_adapter(tiny_base, tmp_path / "models/adapters" / batch, seed=3)
-    metrics, eval_dir, report = tmp_path / "metrics", tmp_path / "data/eval" / batch, tmp_path / "reports/gate" / batch
+    metrics, eval_dir, report = (
+        tmp_path / "metrics",
+        tmp_path / "data/eval" / batch,
+        tmp_path / "reports/gate" / batch,
+    )
 
-    ev = stage("eval", admitted, tiny_base, adapter, tmp_path / "releases/production.json", eval_dir, metrics / "eval" / f"{batch}.json")
+    ev = stage(
+        "eval",
+        admitted,
+        tiny_base,
+        adapter,
+        tmp_path / "releases/production.json",
+        eval_dir,
+        metrics / "eval" / f"{batch}.json",
+    )
     assert ev.returncode == 0, ev.stderr
     items = io.read_parquet(eval_dir / "items.parquet")
     assert sorted(items["model"].unique()) == ["base", "candidate"] and len(items) == 12
     flat_eval = io.read_json(metrics / "eval" / f"{batch}.json")
-    assert flat_eval["has_candidate"] == 1 and flat_eval["n_items"] == 6 and "candidate_p95_latency_ms" in flat_eval
+    assert (
+        flat_eval["has_candidate"] == 1
+        and flat_eval["n_items"] == 6
+        and "candidate_p95_latency_ms" in flat_eval
+    )
 
-    io.write_json(tmp_path / "train.json", {"trained": 1, "health": "ok", "masked_tokens_fraction": 0.6, "label_tokens": 100, "prompt_tokens": 60})
+    io.write_json(
+        tmp_path / "train.json",
+        {
+            "trained": 1,
+            "health": "ok",
+            "masked_tokens_fraction": 0.6,
+            "label_tokens": 100,
+            "prompt_tokens": 60,
+        },
+    )
     io.write_json(tmp_path / "admit.json", {"admitted": 1})
-    chain = {"n_cases": 3, "A_run": 1, "B_run": 1, "adapter_latency_cost_ms": 40.0, "cases_sha256": "c" * 64,
-             **{f"{c}_{k}": v for c, v in (("A", 0.0), ("B", 0.0)) for k in ("core_accuracy", "answer_evidence_rate", "value_accuracy")}}
+    chain = {
+        "n_cases": 3,
+        "A_run": 1,
+        "B_run": 1,
+        "adapter_latency_cost_ms": 40.0,
+        "cases_sha256": "c" * 64,
+        **{
+            f"{c}_{k}": v
+            for c, v in (("A", 0.0), ("B", 0.0))
+            for k in ("core_accuracy", "answer_evidence_rate", "value_accuracy")
+        },
+    }
     io.write_json(tmp_path / "replay.json", chain)
-    gate = stage("gate", eval_dir, tmp_path / "train.json", tmp_path / "admit.json", tmp_path / "replay.json", report, metrics / "gate" / f"{batch}.json")
+    gate = stage(
+        "gate",
+        eval_dir,
+        tmp_path / "train.json",
+        tmp_path / "admit.json",
+        tmp_path / "replay.json",
+        report,
+        metrics / "gate" / f"{batch}.json",
+    )
     assert gate.returncode == 0, gate.stderr
     decision = io.read_json(metrics / "gate" / f"{batch}.json")
-    assert (decision["decision"], decision["rule"], decision["decision_code"]) == ("reject", "quality", 0)  # random models: no gain
-    assert decision["offline_decision"] == "reject" and decision["check_chain_value_floor"] == "hold"  # B gets no value right
+    assert (decision["decision"], decision["rule"], decision["decision_code"]) == (
+        "reject",
+        "quality",
+        0,
+    )  # random models: no gain
+    assert (
+        decision["offline_decision"] == "reject" and decision["check_chain_value_floor"] == "hold"
+    )  # B gets no value right
     evidence = io.read_json(report / "evidence.json")
     assert evidence["eval_items_sha256"] == io.sha256_file(eval_dir / "items.parquet")
     assert evidence["datasets_sha256"]["eval.parquet"] == io.sha256_file(admitted / "eval.parquet")
@@ -58,16 +114,33 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert evidence["replay"] == chain
     assert "**REJECT**" in (report / "report.md").read_text()
 
-    broken = stage("gate", eval_dir, tmp_path / "missing-train.json", tmp_path / "admit.json", tmp_path / "replay.json", report, tmp_path / "g.json")
+    broken = stage(
+        "gate",
+        eval_dir,
+        tmp_path / "missing-train.json",
+        tmp_path / "admit.json",
+        tmp_path / "replay.json",
+        report,
+        tmp_path / "g.json",
+    )
     assert broken.returncode == 2 and broken.stderr.startswith("error:") and "Traceback" not in broken.stderr
 
     # the training record as that stage writes it (its own smoke test runs it)
-    io.write_json(metrics / "train" / f"{batch}.json", {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0})
-    for other in params.raw_section("batches", ROOT / "params.yaml"):  # the summary covers every configured batch
+    io.write_json(
+        metrics / "train" / f"{batch}.json",
+        {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0},
+    )
+    for other in params.raw_section(
+        "batches", ROOT / "params.yaml"
+    ):  # the summary covers every configured batch
         for kind in ("eval", "gate", "train"):
             if other != batch:
                 shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
-    out = stage("summary", metrics, tmp_path / "summary.md", tmp_path / "summary.json", tmp_path / "summary.csv")
+    out = stage(
+        "summary", metrics, tmp_path / "summary.md", tmp_path / "summary.json", tmp_path / "summary.csv"
+    )
     assert out.returncode == 0, out.stderr
-    assert io.read_json(tmp_path / "summary.json")["decisions_reject"] == len(params.raw_section("batches", ROOT / "params.yaml"))
+    assert io.read_json(tmp_path / "summary.json")["decisions_reject"] == len(
+        params.raw_section("batches", ROOT / "params.yaml")
+    )
     assert "overall_delta" in pd.read_csv(tmp_path / "summary.csv").columns

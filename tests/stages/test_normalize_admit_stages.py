@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clap import assetize, demo, io, params
+from clap import io, params
+from clap.data import assetize
+from clap.demo import generate as demo
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = "2026-01"
@@ -22,21 +24,43 @@ ADMITTED = ["sft", "grpo", "eval", "probe", "replay", "kb"]
 
 
 def run_stage(name: str, *args: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "stages" / f"{name}.py"), *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory) -> dict:
     """A demo batch's assets on disk, its MANIFEST, and the normalize + admit runs over it."""
     tmp = tmp_path_factory.mktemp("batch")
-    raw = demo.write_batch(tmp / "raw", BATCH, demo.generate_batch(BATCH, demo.load_params(ROOT / "params.yaml")))
-    assets = assetize.assetize_batch(raw, params.section("assetize", assetize.AssetizeParams, ROOT / "params.yaml")).assets
+    raw = demo.write_batch(
+        tmp / "raw", BATCH, demo.generate_batch(BATCH, demo.load_params(ROOT / "params.yaml"))
+    )
+    assets = assetize.assetize_batch(
+        raw, params.section("assetize", assetize.AssetizeParams, ROOT / "params.yaml")
+    ).assets
     for name, df in assets.items():
         io.write_parquet(tmp / "assets" / f"{name}.parquet", df)
-    paths = {"assets": tmp / "assets", "norm": tmp / "normalized" / BATCH, "adm": tmp / "admitted" / BATCH, "nm": tmp / "metrics" / "normalize.json", "am": tmp / "metrics" / "admit.json"}
+    paths = {
+        "assets": tmp / "assets",
+        "norm": tmp / "normalized" / BATCH,
+        "adm": tmp / "admitted" / BATCH,
+        "nm": tmp / "metrics" / "normalize.json",
+        "am": tmp / "metrics" / "admit.json",
+    }
     norm = run_stage("normalize", paths["assets"], paths["norm"], paths["nm"])
     adm = run_stage("admit", paths["norm"], paths["adm"], paths["am"])
-    return {"tmp": tmp, "manifest": io.read_json(raw / "MANIFEST.json"), "norm_run": norm, "adm_run": adm, **paths}
+    return {
+        "tmp": tmp,
+        "manifest": io.read_json(raw / "MANIFEST.json"),
+        "norm_run": norm,
+        "adm_run": adm,
+        **paths,
+    }
 
 
 def test_normalize_writes_every_file_and_matches_the_manifest(batch):
@@ -44,10 +68,20 @@ def test_normalize_writes_every_file_and_matches_the_manifest(batch):
     assert sorted(p.name for p in batch["norm"].iterdir()) == sorted(f"{n}.parquet" for n in NORMALIZED)
     m, noise = io.read_json(batch["nm"]), batch["manifest"]["noise"]
     held = ("sft", "eval", "replay")  # grpo repeats sft
-    assert sum(m.get(f"{s}_rejected_evidence_missing_value", 0) for s in held) == noise["evidence_missing_value"]
-    assert sum(m.get(f"{s}_rejected_evidence_not_verbatim", 0) for s in held) == noise["evidence_not_verbatim_unrepairable"]
-    assert sum(m.get(f"{s}_repaired_evidence_not_verbatim", 0) for s in held) == noise["evidence_not_verbatim"]
-    assert (m["sft_deduplicated_overlap_id"], m["sft_deduplicated_overlap_text"]) == (noise["overlap_id"], noise["overlap_text"])
+    assert (
+        sum(m.get(f"{s}_rejected_evidence_missing_value", 0) for s in held) == noise["evidence_missing_value"]
+    )
+    assert (
+        sum(m.get(f"{s}_rejected_evidence_not_verbatim", 0) for s in held)
+        == noise["evidence_not_verbatim_unrepairable"]
+    )
+    assert (
+        sum(m.get(f"{s}_repaired_evidence_not_verbatim", 0) for s in held) == noise["evidence_not_verbatim"]
+    )
+    assert (m["sft_deduplicated_overlap_id"], m["sft_deduplicated_overlap_text"]) == (
+        noise["overlap_id"],
+        noise["overlap_text"],
+    )
     assert m["records_deduplicated_duplicate_across_systems"] == noise["duplicate_across_systems"]
     for kind in ("numeric_prefix_label", "unit_variant", "trailing_whitespace", "unicode_lookalike"):
         assert m[f"fixed_{kind.replace('_label', '')}"] == noise[kind], kind
@@ -57,7 +91,9 @@ def test_normalize_writes_every_file_and_matches_the_manifest(batch):
 
 def test_admit_admits_a_clean_batch_and_writes_every_file(batch):
     assert batch["adm_run"].returncode == 0, batch["adm_run"].stderr
-    assert sorted(p.name for p in batch["adm"].iterdir()) == sorted([f"{n}.parquet" for n in ADMITTED] + ["admission.json"])
+    assert sorted(p.name for p in batch["adm"].iterdir()) == sorted(
+        [f"{n}.parquet" for n in ADMITTED] + ["admission.json"]
+    )
     record, m = io.read_json(batch["adm"] / "admission.json"), io.read_json(batch["am"])
     assert record["verdict"] is True and m["admitted"] == 1 and m["n_reasons"] == 0
     sizes = params.raw_section("sizes", ROOT / "params.yaml")
@@ -87,5 +123,9 @@ def test_missing_asset_file_exits_2_naming_it(batch):
         io.write_parquet(broken / f"{name}.parquet", io.read_parquet(batch["assets"] / f"{name}.parquet"))
     proc = run_stage("normalize", broken, batch["tmp"] / "out", batch["tmp"] / "m.json")
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: ") and "replay.parquet" in proc.stderr and "missing_file" in proc.stderr
+    assert (
+        proc.stderr.startswith("error: ")
+        and "replay.parquet" in proc.stderr
+        and "missing_file" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and not (batch["tmp"] / "out").exists()

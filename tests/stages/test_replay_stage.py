@@ -21,11 +21,25 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     batch = "2026-01"
     admitted = write_tiny_admitted(tmp_path / "data/admitted" / batch, n_sft=2, n_probe=3, seed=11)
     adapter = make_tiny_adapter(tiny_base, tmp_path / "models/adapters" / batch, seed=6)
-    data, report, metrics, plot = (tmp_path / "data/replay" / batch, tmp_path / "reports/replay" / batch,
-                                   tmp_path / "metrics/replay" / f"{batch}.json", tmp_path / "plots/replay" / f"{batch}.csv")
+    data, report, metrics, plot = (
+        tmp_path / "data/replay" / batch,
+        tmp_path / "reports/replay" / batch,
+        tmp_path / "metrics/replay" / f"{batch}.json",
+        tmp_path / "plots/replay" / f"{batch}.csv",
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model on a shared 2-core machine: one thread
-    run = subprocess.run([sys.executable, "stages/replay.py", *map(str, (admitted, tiny_base, adapter, data, report, metrics, plot))],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "stages/replay.py",
+            *map(str, (admitted, tiny_base, adapter, data, report, metrics, plot)),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr
     assert "3 cases" in run.stdout
 
@@ -34,14 +48,22 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     assert len(io.read_parquet(data / "timings.parquet")) == 12
     m = io.read_json(metrics)
     assert all(isinstance(v, (int, float, str)) for v in m.values())
-    assert not {"decision", "final_decision", "check_core_fields"} & set(m)  # replay measures; the gate decides
+    assert not {"decision", "final_decision", "check_core_fields"} & set(
+        m
+    )  # replay measures; the gate decides
     assert m["adapter_sha256"] == io.sha256_file(adapter / "adapter_model.safetensors") and m["n_cases"] == 3
     assert m["cases_sha256"] == io.sha256_file(data / "cases.parquet")
-    assert {"A_value_accuracy", "B_core_accuracy", "D_answer_evidence_rate", "rag_necessity_value", "adapter_contribution_core",
-            "adapter_latency_cost_ms", "wall_s"} <= set(m)
+    assert {
+        "A_value_accuracy",
+        "B_core_accuracy",
+        "D_answer_evidence_rate",
+        "rag_necessity_value",
+        "adapter_contribution_core",
+        "adapter_latency_cost_ms",
+        "wall_s",
+    } <= set(m)
     text = (report / "report.md").read_text(encoding="utf-8")
     assert "| B | adapter | on |" in text and f"reports/gate/{batch}/report.md" in text
     with plot.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and {r["condition"] for r in rows} == set("ABCD")
-

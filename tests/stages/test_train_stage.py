@@ -11,26 +11,52 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_tiny_admitted
 
 from clap import io
-from conftest import write_tiny_admitted
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / "stages" / "train.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-CURVE_HEADER = ["step", "loss", "grad_norm", "learning_rate", "tokens_per_s", "probe_loss", "gap_increment", "log_e", "log_threshold"]
+CURVE_HEADER = [
+    "step",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "tokens_per_s",
+    "probe_loss",
+    "gap_increment",
+    "log_e",
+    "log_threshold",
+]
 
 
 def _params(tmp: Path, **train) -> None:
     """A params.yaml in ``tmp`` with the real train/detector sections, shrunk for the tiny model."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
-    p["train"].update(max_steps=4, torch_threads=1, max_length=512, lr=1e-2, save_steps=2, checkpoint_root=str(tmp / "checkpoints"), **train)
+    p["train"].update(
+        max_steps=4,
+        torch_threads=1,
+        max_length=512,
+        lr=1e-2,
+        save_steps=2,
+        checkpoint_root=str(tmp / "checkpoints"),
+        **train,
+    )
     p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
-    (tmp / "params.yaml").write_text(yaml.safe_dump({"train": p["train"], "detector": p["detector"], "determinism": p["determinism"]}))
+    (tmp / "params.yaml").write_text(
+        yaml.safe_dump({"train": p["train"], "detector": p["detector"], "determinism": p["determinism"]})
+    )
 
 
 def _argv(tmp: Path, base: Path, data: Path) -> list[str]:
-    return [str(data), str(base), str(tmp / "models/adapters/b"), str(tmp / "metrics/train/b.json"), str(tmp / "plots/train/b.csv")]
+    return [
+        str(data),
+        str(base),
+        str(tmp / "models/adapters/b"),
+        str(tmp / "metrics/train/b.json"),
+        str(tmp / "plots/train/b.csv"),
+    ]
 
 
 def _env() -> dict:
@@ -40,7 +66,14 @@ def _env() -> dict:
 def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
     _params(tmp_path)
     data = write_tiny_admitted(tmp_path / "data", n_sft=12, n_probe=6, seed=0, n_combos=4)
-    done = subprocess.run([sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, data)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, data)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rec = io.read_json(tmp_path / "metrics/train/b.json")
     assert rec["trained"] == 1 and rec["health"] == "ok" and rec["steps"] == 4
@@ -53,7 +86,14 @@ def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
 
 def test_stage_reports_bad_input_without_traceback(tiny_base, tmp_path):
     _params(tmp_path)
-    done = subprocess.run([sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, tmp_path / "missing")], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, tmp_path / "missing")],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error:") and "Traceback" not in done.stderr
 
 
@@ -64,7 +104,14 @@ def test_torchrun_two_processes_stop_together(tiny_base, tmp_path):
     same step (a rank-local decision would hang the other rank in the next collective)."""
     _params(tmp_path, inject_nan_at_step=3, batch_size=1)
     data = write_tiny_admitted(tmp_path / "data", n_sft=16, n_probe=6, seed=0, n_combos=4)
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(STAGE), *_argv(tmp_path, tiny_base, data)]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(STAGE),
+        *_argv(tmp_path, tiny_base, data),
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     rec = io.read_json(tmp_path / "metrics/train/b.json")

@@ -21,12 +21,12 @@ import pandas as pd
 import yaml
 
 from clap import io
-from clap.release import keygen
+from clap.release.control import keygen
 
 BATCHES = ("2026-01", "2026-02")
 ROOT = Path(__file__).resolve().parents[2]
 
-STAGE_SCRIPT = r'''
+STAGE_SCRIPT = r"""
 import hashlib, json, shutil, sys
 from pathlib import Path
 
@@ -59,20 +59,32 @@ elif stage == "gate":
           "adapter_sha256": sha(f"models/adapters/{b}/adapter_model.safetensors"),
           "reasons": [{"name": "quality", "cap": decision, "detail": "McNemar p=0.21 >= alpha 0.05"}]}))
     write(f"reports/gate/{b}/report.md", f"# gate {b}: {decision}\n")
-'''
+"""
 
 RELEASE_PARAMS = {
     "audience": "clap-release",
     "approval_ttl_s": 600,
     "max_approval_ttl_s": 3600,
-    "card": {"license": "apache-2.0", "tags": ["clap", "lora"], "packages": ["pandas", "pyarrow", "dvc", "pyjwt"]},
-    "cost": {"over_budget": "refuse", "budget_cpu_hours": 2.0, "budget_gpu_hours": 1.0, "stages": ["train", "eval"],
-             "wall_time_key": "wall_s", "device_key": "device"},
+    "card": {
+        "license": "apache-2.0",
+        "tags": ["clap", "lora"],
+        "packages": ["pandas", "pyarrow", "dvc", "pyjwt"],
+    },
+    "cost": {
+        "over_budget": "refuse",
+        "budget_cpu_hours": 2.0,
+        "budget_gpu_hours": 1.0,
+        "stages": ["train", "eval"],
+        "wall_time_key": "wall_s",
+        "device_key": "device",
+    },
 }
 
 
 def _dvc_yaml(py: str) -> dict:
-    def stage(name: str, deps: list[str], outs: list, metrics: list | None = None, params: list | None = None) -> dict:
+    def stage(
+        name: str, deps: list[str], outs: list, metrics: list | None = None, params: list | None = None
+    ) -> dict:
         body = {"cmd": f"{py} stage.py {name} ${{item}}", "deps": ["stage.py", *deps], "outs": outs}
         if metrics:
             body["metrics"] = metrics
@@ -81,14 +93,29 @@ def _dvc_yaml(py: str) -> dict:
         return {"foreach": list(BATCHES), "do": body}
 
     nocache = {"cache": False}
-    return {"stages": {
-        "train": stage("train", ["src/${item}.seed", "src/sft.parquet", "src/eval.parquet"],
-                       ["models/adapters/${item}", "data/admitted/${item}"], [{"metrics/train/${item}.json": nocache}], ["train"]),
-        "eval": stage("eval", ["models/adapters/${item}", "releases/production.json"], ["data/eval/${item}"],
-                      [{"metrics/eval/${item}.json": nocache}]),
-        "gate": stage("gate", ["data/eval/${item}", "models/adapters/${item}", "src/${item}.decision"], [{"reports/gate/${item}": nocache}],
-                      [{"metrics/gate/${item}.json": nocache}]),
-    }}
+    return {
+        "stages": {
+            "train": stage(
+                "train",
+                ["src/${item}.seed", "src/sft.parquet", "src/eval.parquet"],
+                ["models/adapters/${item}", "data/admitted/${item}"],
+                [{"metrics/train/${item}.json": nocache}],
+                ["train"],
+            ),
+            "eval": stage(
+                "eval",
+                ["models/adapters/${item}", "releases/production.json"],
+                ["data/eval/${item}"],
+                [{"metrics/eval/${item}.json": nocache}],
+            ),
+            "gate": stage(
+                "gate",
+                ["data/eval/${item}", "models/adapters/${item}", "src/${item}.decision"],
+                [{"reports/gate/${item}": nocache}],
+                [{"metrics/gate/${item}.json": nocache}],
+            ),
+        }
+    }
 
 
 def run(cwd: Path, *cmd: str) -> str:
@@ -124,19 +151,26 @@ def build_template(base: Path) -> Path:
         git(repo, "config", k, v)
     Repo.init(str(repo))
     # copies, not links: a test that rewrites a workspace file must never reach the cache
-    (repo / ".dvc" / "config").write_text('[core]\n    analytics = false\n    remote = local\n[cache]\n    type = copy\n'
-                                          "['remote \"local\"']\n    url = ../../remote\n")
+    (repo / ".dvc" / "config").write_text(
+        "[core]\n    analytics = false\n    remote = local\n[cache]\n    type = copy\n"
+        "['remote \"local\"']\n    url = ../../remote\n"
+    )
     (repo / ".gitignore").write_text("*.key\n*.pem\nkeys/\n")
     (repo / "stage.py").write_text(STAGE_SCRIPT)
     (repo / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(sys.executable), sort_keys=False))
-    (repo / "params.yaml").write_text(yaml.safe_dump({"train": {"seed": 42, "lr": 1e-4}, "release": RELEASE_PARAMS}, sort_keys=False))
+    (repo / "params.yaml").write_text(
+        yaml.safe_dump({"train": {"seed": 42, "lr": 1e-4}, "release": RELEASE_PARAMS}, sort_keys=False)
+    )
     frame = pd.DataFrame({"item_id": ["a", "b"], "question": ["q1", "q2"], "value": [1.5, 2.0]})
     io.write_parquet(repo / "src" / "sft.parquet", frame)
     io.write_parquet(repo / "src" / "eval.parquet", frame.assign(value=[3.0, 4.5]))
     for b in BATCHES:
         io.atomic_write_text(repo / "src" / f"{b}.seed", f"seed {b}\n")
         io.atomic_write_text(repo / "src" / f"{b}.decision", "promote\n")
-    io.write_json(repo / "metrics" / "base.json", {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "ab" * 32})
+    io.write_json(
+        repo / "metrics" / "base.json",
+        {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "ab" * 32},
+    )
     io.write_json(repo / "releases" / "production.json", {"batch": None})
     (base / "remote").mkdir()
     keygen(repo, "alice", base / "keys")
@@ -153,8 +187,16 @@ def copy_template(template_base: Path, dest_base: Path) -> Path:
 
 def snapshot(repo: Path) -> dict:
     """Bytes of every file under releases/, git HEAD and git status: equal before/after a refused action."""
-    files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted((repo / "releases").rglob("*")) if p.is_file()}
-    return {"files": files, "head": git(repo, "rev-parse", "HEAD"), "status": git(repo, "status", "--porcelain")}
+    files = {
+        str(p.relative_to(repo)): p.read_bytes()
+        for p in sorted((repo / "releases").rglob("*"))
+        if p.is_file()
+    }
+    return {
+        "files": files,
+        "head": git(repo, "rev-parse", "HEAD"),
+        "status": git(repo, "status", "--porcelain"),
+    }
 
 
 def set_decision(repo: Path, batch: str, decision: str) -> None:
@@ -181,7 +223,13 @@ def template_base(tmp_path_factory) -> Path:
 
 def clean_git_env(monkeypatch) -> None:
     """Make sure no inherited GIT_* variable can point git at another repository."""
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_CEILING_DIRECTORIES"):
+    for var in (
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_CEILING_DIRECTORIES",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
 
@@ -189,14 +237,16 @@ def clean_git_env(monkeypatch) -> None:
 def approve(repo: Path, batch: str, key: str = "alice") -> str:
     import time
 
-    from clap import release as R
+    from clap.release import control as R
 
-    return R.approve(repo, batch, repo.parent / "keys" / f"{key}.key", None, R.load_params(repo), now=int(time.time()))
+    return R.approve(
+        repo, batch, repo.parent / "keys" / f"{key}.key", None, R.load_params(repo), now=int(time.time())
+    )
 
 
 def release_both(repo: Path) -> tuple[str, str]:
     """Release the first batch, re-run the pipeline against it, release the second: returns both tokens."""
-    from clap import release as R
+    from clap.release import control as R
 
     first, second = BATCHES
     t1 = approve(repo, first)

@@ -1,4 +1,4 @@
-"""clap.admission: seeded selection, static checks, GRPO reward check, label-shuffle canary."""
+"""clap.data.admission: seeded selection, static checks, GRPO reward check, label-shuffle canary."""
 
 from __future__ import annotations
 
@@ -11,16 +11,24 @@ import pandas as pd
 import pytest
 
 from clap import params
-from clap.admission import AdmitParams, SplitSizes, admit_batch, gold_answer, perturbed_answers, select, select_splits
+from clap.data.admission import AdmitParams, SplitSizes, admit_batch, perturbed_answers, select, select_splits
+from clap.data.normalize import NormalizeParams, build_vocab, input_hash
 from clap.errors import ClapError
-from clap.normalize import NormalizeParams, build_vocab, input_hash
-from clap.prompt import format_answer
-from clap.scoring import ScoringParams, parse_answer, reward
+from clap.task.prompt import format_answer, gold_answer
+from clap.task.scoring import ScoringParams, parse_answer, reward
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = build_vocab(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
 SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
-PERTURBATIONS = ["wrong_value", "wrong_metric", "wrong_line", "wrong_shift", "wrong_date", "other_doc_evidence", "unparseable"]
+PERTURBATIONS = [
+    "wrong_value",
+    "wrong_metric",
+    "wrong_line",
+    "wrong_shift",
+    "wrong_date",
+    "other_doc_evidence",
+    "unparseable",
+]
 P = AdmitParams(
     seed=7, min_sizes=SplitSizes(sft=20, grpo=5, eval=10, probe=5, replay=5), max_metric_share=0.4, min_metrics=5,
     min_line_coverage=1.0, min_shift_coverage=1.0, min_evidence_verifiable_rate=1.0, perturbations=PERTURBATIONS,
@@ -42,9 +50,25 @@ def make_pools(n_train: int = 60, n_eval: int = 40, n_replay: int = 15) -> dict[
     for k in range(n + 1):
         metric = sorted(SENTENCES)[k % 6]
         unit, sentence = SENTENCES[metric]
-        line, shift, date, value = f"L{k % 4 + 1}", "ABC"[k % 3], f"2026-03-{k % 28 + 1:02d}", round(10 + 1.7 * k, 1)
+        line, shift, date, value = (
+            f"L{k % 4 + 1}",
+            "ABC"[k % 3],
+            f"2026-03-{k % 28 + 1:02d}",
+            round(10 + 1.7 * k, 1),
+        )
         evidence = sentence.format(v=value)
-        kb.append({"doc_id": f"D{k:04d}", "system": "mes", "record_ref": f"SR-{k}", "title": f"Report {k}", "body": f"Report for line {line}, shift {shift}, {date}. {evidence}. No events.", "line": line, "shift": shift, "date": date})
+        kb.append(
+            {
+                "doc_id": f"D{k:04d}",
+                "system": "mes",
+                "record_ref": f"SR-{k}",
+                "title": f"Report {k}",
+                "body": f"Report for line {line}, shift {shift}, {date}. {evidence}. No events.",
+                "line": line,
+                "shift": shift,
+                "date": date,
+            }
+        )
         if k == n:
             break  # the last document is only a distractor
         split = "train" if k < n_train else "eval" if k < n_train + n_eval else "replay"
@@ -54,7 +78,10 @@ def make_pools(n_train: int = 60, n_eval: int = 40, n_replay: int = 15) -> dict[
                       "metric": metric, "value": value, "unit": unit, "line": line, "shift": shift, "date": date, "evidence": evidence,
                       "evidence_doc_id": f"D{k:04d}", "source_system": "mes", "input_hash": input_hash(question), "source_file": "question_log.jsonl", "source_line": k + 1})  # fmt: skip
     df = pd.DataFrame(items)
-    pools = {name: df[df["split"] == split].reset_index(drop=True) for name, split in (("sft", "train"), ("eval", "eval"), ("replay", "replay"))}
+    pools = {
+        name: df[df["split"] == split].reset_index(drop=True)
+        for name, split in (("sft", "train"), ("eval", "eval"), ("replay", "replay"))
+    }
     return {**pools, "grpo": pools["sft"].copy(), "kb": pd.DataFrame(kb)}
 
 
@@ -97,7 +124,14 @@ def test_probe_is_held_out_and_disjoint_from_eval_and_training():
 def test_clean_batch_is_admitted(clean):
     rec = clean.record
     assert rec["verdict"] is True and rec["reasons"] == []
-    assert {k: len(v) for k, v in clean.frames.items()} == {"sft": 30, "grpo": 8, "eval": 20, "probe": 10, "replay": 10, "kb": 116}
+    assert {k: len(v) for k, v in clean.frames.items()} == {
+        "sft": 30,
+        "grpo": 8,
+        "eval": 20,
+        "probe": 10,
+        "replay": 10,
+        "kb": 116,
+    }
     assert clean.metrics["admitted"] == 1 and clean.metrics["n_reasons"] == 0
     assert rec["grpo"]["rank_pass_rate"] == 1.0
     assert 0.15 < rec["grpo"]["reward_margin"] < 1.0
@@ -129,7 +163,19 @@ def test_degenerate_labels_fail_the_canary():
 
 def test_dominant_metric_fails_balance():
     pools = make_pools()
-    pools["sft"] = pd.concat([pools["sft"], *[pools["sft"][pools["sft"]["metric"] == "oee"].assign(item_id=lambda d, i=i: d["item_id"] + f"x{i}", input_hash=lambda d, i=i: d["input_hash"].str[:-4] + f"{i:04d}") for i in range(6)]], ignore_index=True)
+    pools["sft"] = pd.concat(
+        [
+            pools["sft"],
+            *[
+                pools["sft"][pools["sft"]["metric"] == "oee"].assign(
+                    item_id=lambda d, i=i: d["item_id"] + f"x{i}",
+                    input_hash=lambda d, i=i: d["input_hash"].str[:-4] + f"{i:04d}",
+                )
+                for i in range(6)
+            ],
+        ],
+        ignore_index=True,
+    )
     res = admit(pools)
     assert "max_metric_share" in failed(res) and res.record["verdict"] is False
 
@@ -205,7 +251,9 @@ def corrupt(pools: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
         donors = sft.loc[idx[1:] + idx[:1], answer].to_numpy()
         for i, donor in zip(idx, donors):
             own = f"D{int(sft.at[i, 'item_id'][1:]):04d}"
-            sft.at[i, "context_doc_ids"] = json.dumps([donor[2] if d == own else d for d in json.loads(sft.at[i, "context_doc_ids"])])
+            sft.at[i, "context_doc_ids"] = json.dumps(
+                [donor[2] if d == own else d for d in json.loads(sft.at[i, "context_doc_ids"])]
+            )
         sft.loc[idx, answer] = donors
     return {**pools, "sft": sft, "grpo": sft.copy()}
 

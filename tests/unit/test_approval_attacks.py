@@ -11,11 +11,11 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from clap import release as R
-from clap.approval import load_private_key, mint_token
-from clap.errors import ClapError
 from release_fixtures import clean_git_env, copy_template, git, set_decision, snapshot, template_base
+
+from clap.errors import ClapError
+from clap.release import control as R
+from clap.release.approval import load_private_key, mint_token
 
 X, Y = "2026-01", "2026-02"
 
@@ -32,7 +32,14 @@ def _key(repo):
 
 def _mint(repo, batch=X, *, key=None, issuer="alice", now=None, ttl=600, **override):
     binding = dataclasses.replace(R.current_binding(repo, batch), **override)
-    return mint_token(key or _key(repo), issuer, binding, audience="clap-release", ttl_s=ttl, now=int(time.time()) if now is None else now)
+    return mint_token(
+        key or _key(repo),
+        issuer,
+        binding,
+        audience="clap-release",
+        ttl_s=ttl,
+        now=int(time.time()) if now is None else now,
+    )
 
 
 def _b64(obj) -> str:
@@ -100,7 +107,14 @@ def test_lifetime_over_the_maximum(repo):
 
 
 def test_other_audience(repo):
-    claims_token = mint_token(_key(repo), "alice", R.current_binding(repo, X), audience="another-service", ttl_s=600, now=int(time.time()))
+    claims_token = mint_token(
+        _key(repo),
+        "alice",
+        R.current_binding(repo, X),
+        audience="another-service",
+        ttl_s=600,
+        now=int(time.time()),
+    )
     assert_refused(repo, X, claims_token, "bad_token")
 
 
@@ -166,13 +180,20 @@ def test_key_added_but_not_committed(repo):
 def test_approve_refuses_hold_and_reject_and_says_why(repo):
     set_decision(repo, X, "reject")
     with pytest.raises(ClapError) as err:
-        R.approve(repo, X, repo.parent / "keys" / "alice.key", None, R.load_params(repo), now=int(time.time()))
+        R.approve(
+            repo, X, repo.parent / "keys" / "alice.key", None, R.load_params(repo), now=int(time.time())
+        )
     message = str(err.value)
-    assert err.value.rule == "not_releasable" and "'reject'" in message and "McNemar" in message and "report.md" in message
+    assert (
+        err.value.rule == "not_releasable"
+        and "'reject'" in message
+        and "McNemar" in message
+        and "report.md" in message
+    )
 
 
 def test_approve_refuses_an_untrusted_key(repo, tmp_path):
-    from clap.approval import generate_keypair
+    from clap.release.approval import generate_keypair
 
     priv, _ = generate_keypair("eve", tmp_path / "k", tmp_path / "pub")
     with pytest.raises(ClapError) as err:

@@ -1,4 +1,4 @@
-"""clap.assetize: parsing primitives (property tests) and conservation on the committed batches."""
+"""clap.data.assetize: parsing primitives (property tests) and conservation on the committed batches."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clap import assetize as A
-from clap.demo_render import csv_field
+from clap.data import assetize as A
+from clap.demo.render import csv_field
 from clap.params import section
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,14 +20,25 @@ RAW = ROOT / "data" / "raw"
 BATCHES = sorted(p.name for p in RAW.iterdir() if p.is_dir()) if RAW.is_dir() else []
 P = section("assetize", A.AssetizeParams, ROOT / "params.yaml")
 # noise kind (MANIFEST.json) -> the reject rules assetize gives it
-CAUGHT = {"duplicate_within_system": {"duplicate_id"}, "malformed_missing_field": {"missing_field"},
-          "malformed_wrong_type": {"wrong_type"}, "malformed_broken_quoting": {"broken_quoting", "bad_json"}}
+CAUGHT = {
+    "duplicate_within_system": {"duplicate_id"},
+    "malformed_missing_field": {"missing_field"},
+    "malformed_wrong_type": {"wrong_type"},
+    "malformed_broken_quoting": {"broken_quoting", "bad_json"},
+}
 
 
 # --- parse_decimal -----------------------------------------------------------------------
 
-@given(st.integers(0, 10**9), st.integers(0, 9999), st.integers(0, 4), st.sampled_from([",", "."]),
-       st.booleans(), st.booleans())
+
+@given(
+    st.integers(0, 10**9),
+    st.integers(0, 9999),
+    st.integers(0, 4),
+    st.sampled_from([",", "."]),
+    st.booleans(),
+    st.booleans(),
+)
 def test_parse_decimal_reads_grouped_and_plain_numbers(whole, frac, digits, decimal, grouped, negative):
     thousands = "." if decimal == "," else ","
     int_text = f"{whole:,}".replace(",", thousands) if grouped else str(whole)
@@ -37,8 +48,21 @@ def test_parse_decimal_reads_grouped_and_plain_numbers(whole, frac, digits, deci
     assert A.parse_decimal(f" {text} ", decimal) == expected
 
 
-@pytest.mark.parametrize("text,decimal", [("2.4", ","), ("2,4", "."), ("n/a", ","), ("", ","), ("1.25,0", ","),
-                                          ("12,34.5", "."), ("1 000", ","), ("2,", ","), (",5", ","), ("1e3", ".")])
+@pytest.mark.parametrize(
+    "text,decimal",
+    [
+        ("2.4", ","),
+        ("2,4", "."),
+        ("n/a", ","),
+        ("", ","),
+        ("1.25,0", ","),
+        ("12,34.5", "."),
+        ("1 000", ","),
+        ("2,", ","),
+        (",5", ","),
+        ("1e3", "."),
+    ],
+)
 def test_parse_decimal_refuses_ambiguous_or_foreign_numbers(text, decimal):
     with pytest.raises(ValueError):
         A.parse_decimal(text, decimal)
@@ -46,7 +70,7 @@ def test_parse_decimal_refuses_ambiguous_or_foreign_numbers(text, decimal):
 
 # --- split_csv ---------------------------------------------------------------------------
 
-FIELD = st.text(alphabet="ab ;,\"\r\n1é", max_size=8)
+FIELD = st.text(alphabet='ab ;,"\r\n1é', max_size=8)
 
 
 @st.composite
@@ -54,8 +78,13 @@ def csv_tables(draw):
     """(delimiter, newline, records); only the last column may hold line breaks."""
     delim = draw(st.sampled_from([";", ","]))
     ncols = draw(st.integers(2, 4))
-    rows = draw(st.lists(st.tuples(*[FIELD.map(lambda s: s.replace("\n", " ")) for _ in range(ncols - 1)], FIELD),
-                         min_size=1, max_size=6))
+    rows = draw(
+        st.lists(
+            st.tuples(*[FIELD.map(lambda s: s.replace("\n", " ")) for _ in range(ncols - 1)], FIELD),
+            min_size=1,
+            max_size=6,
+        )
+    )
     return delim, draw(st.sampled_from(["\n", "\r\n"])), [list(r) for r in rows]
 
 
@@ -77,7 +106,11 @@ def test_split_csv_round_trips_records_and_start_lines(table):
     assert list(csv.reader(io.StringIO(text, newline=""), delimiter=delim)) == rows
 
 
-@given(st.lists(st.lists(st.text(alphabet="ab 1é.-", max_size=5), min_size=2, max_size=3), min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.lists(st.text(alphabet="ab 1é.-", max_size=5), min_size=2, max_size=3), min_size=1, max_size=5
+    )
+)
 def test_split_csv_without_quotes_is_a_plain_split(rows):
     text = "".join(";".join(r) + "\n" for r in rows)
     out = A.split_csv(text, ";")
@@ -100,8 +133,14 @@ def test_split_csv_skips_blank_lines_but_counts_them():
 
 # --- date strings pass through unchanged -------------------------------------------------
 
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1,
-               max_size=20).filter(str.strip))
+
+@given(
+    st.text(
+        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"),
+        min_size=1,
+        max_size=20,
+    ).filter(str.strip)
+)
 def test_mes_dates_are_kept_as_found(date_text):
     spec = A.RAW_FILES[A.MES]
     row = ["SR-1", date_text, "L3", "B", "Scrap Rate", "2,4", "%", ""]
@@ -111,6 +150,7 @@ def test_mes_dates_are_kept_as_found(date_text):
 
 
 # --- whole batches -----------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=BATCHES)
 def batch(request):
@@ -134,7 +174,11 @@ def test_rejects_are_exactly_the_injected_malformed_and_duplicate_rows(batch):
     manifest = json.loads((RAW / name / "MANIFEST.json").read_text())
     rejects = res.assets["rejects"]
     for kind, rules in CAUGHT.items():
-        got = sorted(f"{f}:{n}" for f, n, r in zip(rejects.source_file, rejects.source_line, rejects.rule) if r in rules)
+        got = sorted(
+            f"{f}:{n}"
+            for f, n, r in zip(rejects.source_file, rejects.source_line, rejects.rule)
+            if r in rules
+        )
         assert got == sorted(manifest["noise_lines"][kind]), kind
     assert set(rejects.rule) <= set().union(*CAUGHT.values())
 
@@ -151,7 +195,11 @@ def test_source_lines_point_at_the_row_start(batch):
 def test_assets_split_the_question_log_and_grpo_mirrors_sft(batch):
     _, res = batch
     a = res.assets
-    assert set(a["sft"].split) == {"train"} and set(a["eval"].split) == {"eval"} and set(a["replay"].split) == {"replay"}
+    assert (
+        set(a["sft"].split) == {"train"}
+        and set(a["eval"].split) == {"eval"}
+        and set(a["replay"].split) == {"replay"}
+    )
     assert a["grpo"].equals(a["sft"])
     assert a["records"]["value"].dtype == "float64" and a["records"]["value"].notna().all()
 

@@ -7,24 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from clap import assetize as A
+from clap.data import assetize as A
 from clap.errors import ClapError
 
 PARAMS = A.AssetizeParams(encodings=["utf-8-sig", "cp1252"])
 MES_HEAD = "report_id;shift_date;line;shift;kpi;value;uom;remark\n"
 CMMS_HEAD = "ticket_id,opened,line,shift,category,downtime_min,summary\r\n"
-GOLD = ('"gold": {"metric": "FPY", "value": 98.2, "unit": "%", "line": "L3", "shift": "A", "date": "2026-03-14", '
-        '"evidence": "FPY was 98.2 %", "doc_id": "KB-1"}')
+GOLD = (
+    '"gold": {"metric": "FPY", "value": 98.2, "unit": "%", "line": "L3", "shift": "A", "date": "2026-03-14", '
+    '"evidence": "FPY was 98.2 %", "doc_id": "KB-1"}'
+)
 GOOD = {
     A.MES: MES_HEAD + "SR-1;14.03.2026;L3;B;Scrap Rate;2,4;%;ok\nSR-2;14.03.2026;L4;B;OEE;1.081,5;%;\n",
     A.QMS: '{"inspection_id": "QI-1", "recorded_at": "2026-03-14T06:40:00+01:00", "station": {"line": "L3", '
-           '"shift": "A"}, "result": {"characteristic": "FPY", "measured": 98.2, "unit": "%"}, "inspector": null}\n',
-    A.CMMS: CMMS_HEAD + 'WO-1,03/14/2026 07:15,L3,A,Mechanical,42,"Belt slipped, ""loud"".\nRe-tensioned at 85 °C."\r\n',
+    '"shift": "A"}, "result": {"characteristic": "FPY", "measured": 98.2, "unit": "%"}, "inspector": null}\n',
+    A.CMMS: CMMS_HEAD
+    + 'WO-1,03/14/2026 07:15,L3,A,Mechanical,42,"Belt slipped, ""loud"".\nRe-tensioned at 85 °C."\r\n',
     A.KB: '{"doc_id": "KB-1", "system": "qms", "record_ref": "QI-1", "title": "t", "body": "FPY was 98.2 %."}\n',
-    A.QLOG: "".join(f'{{"question_id": "Q-{i}", "logged_at": "2026-03-15T09:00:00+01:00", "split": "{s}", '
-                    f'"question": "FPY on L3, shift A, 14 March?", "question_type": "direct", '
-                    f'"context_doc_ids": {ctx}, {GOLD}}}\n'
-                    for i, (s, ctx) in enumerate([("train", '["KB-1"]'), ("eval", '["KB-1"]'), ("replay", "[]")])),
+    A.QLOG: "".join(
+        f'{{"question_id": "Q-{i}", "logged_at": "2026-03-15T09:00:00+01:00", "split": "{s}", '
+        f'"question": "FPY on L3, shift A, 14 March?", "question_type": "direct", '
+        f'"context_doc_ids": {ctx}, {GOLD}}}\n'
+        for i, (s, ctx) in enumerate([("train", '["KB-1"]'), ("eval", '["KB-1"]'), ("replay", "[]")])
+    ),
 }
 
 
@@ -59,11 +64,16 @@ def test_the_mini_batch_is_clean(tmp_path):
     res = run(tmp_path)
     assert len(res.assets["rejects"]) == 0 and len(res.assets["records"]) == 4
     assert res.assets["records"].set_index("record_id")["value"].to_dict() == {
-        "SR-1": 2.4, "SR-2": 1081.5, "QI-1": 98.2, "WO-1": 42.0}
+        "SR-1": 2.4,
+        "SR-2": 1081.5,
+        "QI-1": 98.2,
+        "WO-1": 42.0,
+    }
     assert [len(res.assets[a]) for a in ("sft", "eval", "replay", "kb")] == [1, 1, 1, 1]
 
 
 # --- file-level: ClapError -------------------------------------------------------------------
+
 
 def test_missing_batch_folder(tmp_path):
     with pytest.raises(ClapError) as e:
@@ -143,6 +153,7 @@ def test_json_line_that_is_not_an_object(tmp_path):
 
 # --- row-level: rejects --------------------------------------------------------------------
 
+
 def one_reject(tmp_path, **files) -> dict:
     rows = rejects(tmp_path, **files)
     assert len(rows) == 1, rows
@@ -150,20 +161,30 @@ def one_reject(tmp_path, **files) -> dict:
 
 
 def test_bad_json_line(tmp_path):
-    r = one_reject(tmp_path, kb_documents=GOOD[A.KB] + '{"doc_id": "KB-2", "title": "Shift "report"", "body": "x"}\n')
+    r = one_reject(
+        tmp_path, kb_documents=GOOD[A.KB] + '{"doc_id": "KB-2", "title": "Shift "report"", "body": "x"}\n'
+    )
     assert (r["rule"], r["source_line"], r["source_system"]) == ("bad_json", 2, "kb")
 
 
 def test_broken_quoting_in_csv(tmp_path):
-    text = GOOD[A.MES] + 'SR-3;15.03.2026;L1;A;OEE;70,1;%;"Operator wrote "jam" here"\nSR-4;15.03.2026;L1;A;CT;40,2;s;\n'
+    text = (
+        GOOD[A.MES]
+        + 'SR-3;15.03.2026;L1;A;OEE;70,1;%;"Operator wrote "jam" here"\nSR-4;15.03.2026;L1;A;CT;40,2;s;\n'
+    )
     res = run(tmp_path, mes_shift_reports=text)
     r = res.assets["rejects"].to_dict("records")
-    assert [(x["rule"], x["column"], x["record_id"], x["source_line"]) for x in r] == [("broken_quoting", "remark", "SR-3", 4)]
+    assert [(x["rule"], x["column"], x["record_id"], x["source_line"]) for x in r] == [
+        ("broken_quoting", "remark", "SR-3", 4)
+    ]
     assert "SR-4" in set(res.assets["records"]["record_id"])  # parsing resumed on the next line
 
 
 def test_unterminated_multiline_quote_at_end_of_file(tmp_path):
-    r = one_reject(tmp_path, maintenance_tickets=GOOD[A.CMMS] + 'WO-2,03/15/2026 08:00,L1,A,Electrical,5,"never closed\r\n')
+    r = one_reject(
+        tmp_path,
+        maintenance_tickets=GOOD[A.CMMS] + 'WO-2,03/15/2026 08:00,L1,A,Electrical,5,"never closed\r\n',
+    )
     assert (r["rule"], r["column"], r["source_line"]) == ("broken_quoting", "summary", 4)
 
 
@@ -172,26 +193,44 @@ def test_wrong_field_count(tmp_path):
     assert (r["rule"], r["record_id"]) == ("field_count", "SR-3")
 
 
-@pytest.mark.parametrize("stem,text,column", [
-    ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026; ;B;OEE;70,1;%;\n", "line"),
-    ("quality_inspections", GOOD[A.QMS].replace('"recorded_at": "2026-03-14T06:40:00+01:00", ', ""), "recorded_at"),
-    ("question_log", GOOD[A.QLOG].replace('"value": 98.2', '"value": null', 1), "gold.value"),
-])
+@pytest.mark.parametrize(
+    "stem,text,column",
+    [
+        ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026; ;B;OEE;70,1;%;\n", "line"),
+        (
+            "quality_inspections",
+            GOOD[A.QMS].replace('"recorded_at": "2026-03-14T06:40:00+01:00", ', ""),
+            "recorded_at",
+        ),
+        ("question_log", GOOD[A.QLOG].replace('"value": 98.2', '"value": null', 1), "gold.value"),
+    ],
+)
 def test_missing_field(tmp_path, stem, text, column):
     r = one_reject(tmp_path, **{stem: text})
     assert (r["rule"], r["column"]) == ("missing_field", column)
 
 
-@pytest.mark.parametrize("stem,text,column", [
-    ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026;L1;B;OEE;#WERT!;%;\n", "value"),
-    ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026;L1;B;OEE;70.1;%;\n", "value"),  # a decimal point in the MES
-    ("maintenance_tickets", CMMS_HEAD + "WO-9,03/14/2026 07:15,L3,A,Tooling,approx. 30,x\r\n", "downtime_min"),
-    ("quality_inspections", GOOD[A.QMS].replace("98.2", "NaN"), "result.measured"),
-    ("quality_inspections", GOOD[A.QMS].replace("98.2", "true"), "result.measured"),
-    ("quality_inspections", GOOD[A.QMS].replace('{"line": "L3", "shift": "A"}', '"L3/A"'), "station"),
-    ("question_log", GOOD[A.QLOG].replace('["KB-1"]', '"KB-1"', 1), "context_doc_ids"),
-    ("kb_documents", GOOD[A.KB].replace('"FPY was 98.2 %."', '["FPY was 98.2 %."]'), "body"),
-])
+@pytest.mark.parametrize(
+    "stem,text,column",
+    [
+        ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026;L1;B;OEE;#WERT!;%;\n", "value"),
+        (
+            "mes_shift_reports",
+            MES_HEAD + "SR-9;14.03.2026;L1;B;OEE;70.1;%;\n",
+            "value",
+        ),  # a decimal point in the MES
+        (
+            "maintenance_tickets",
+            CMMS_HEAD + "WO-9,03/14/2026 07:15,L3,A,Tooling,approx. 30,x\r\n",
+            "downtime_min",
+        ),
+        ("quality_inspections", GOOD[A.QMS].replace("98.2", "NaN"), "result.measured"),
+        ("quality_inspections", GOOD[A.QMS].replace("98.2", "true"), "result.measured"),
+        ("quality_inspections", GOOD[A.QMS].replace('{"line": "L3", "shift": "A"}', '"L3/A"'), "station"),
+        ("question_log", GOOD[A.QLOG].replace('["KB-1"]', '"KB-1"', 1), "context_doc_ids"),
+        ("kb_documents", GOOD[A.KB].replace('"FPY was 98.2 %."', '["FPY was 98.2 %."]'), "body"),
+    ],
+)
 def test_wrong_type(tmp_path, stem, text, column):
     r = one_reject(tmp_path, **{stem: text})
     assert (r["rule"], r["column"]) == ("wrong_type", column)

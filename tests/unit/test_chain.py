@@ -1,4 +1,4 @@
-"""clap.chain: retrieval -> prompt -> generation -> parsing, wired once for replay and serving."""
+"""clap.chain.chain: retrieval -> prompt -> generation -> parsing, wired once for replay and serving."""
 
 from __future__ import annotations
 
@@ -7,15 +7,22 @@ import pytest
 import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
-from clap import chain as chain_mod
-from clap.chain import Chain, ChainParams, build_index, load_chain
+from clap.chain import chain as chain_mod
+from clap.chain.chain import Chain, ChainParams, build_index, load_chain
+from clap.chain.retrieval import RetrievalParams
 from clap.errors import ClapError
-from clap.generate import Generation
-from clap.prompt import build_messages
-from clap.retrieval import RetrievalParams
-from clap.scoring import context_text, parse_answer
+from clap.model.generate import Generation
+from clap.task.prompt import build_messages
+from clap.task.scoring import context_text, parse_answer
 
-RP = RetrievalParams(k1=1.5, b=0.75, entity_weight=2, stopwords="en", concepts={"oee": ["oee"]}, shift_words={"A": ["early"], "B": ["late"]})
+RP = RetrievalParams(
+    k1=1.5,
+    b=0.75,
+    entity_weight=2,
+    stopwords="en",
+    concepts={"oee": ["oee"]},
+    shift_words={"A": ["early"], "B": ["late"]},
+)
 CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
 
@@ -54,7 +61,9 @@ def test_rag_prompt_holds_the_retrieved_docs(kb, monkeypatch):
     answers = Chain(None, None, index, CP).answer(questions, rag=True, batch_size=4)
     expected_docs = [[(h.doc_id, h.text) for h in index.search(q, 2)] for q in questions]
     assert [a.retrieved.doc_ids for a in answers] == [[d for d, _ in docs] for docs in expected_docs]
-    assert answers[0].retrieved.doc_ids[0] == "KB-oee-L3-B" and answers[1].retrieved.doc_ids[0] == "KB-oee-L1-A"
+    assert (
+        answers[0].retrieved.doc_ids[0] == "KB-oee-L3-B" and answers[1].retrieved.doc_ids[0] == "KB-oee-L1-A"
+    )
     assert fake.calls[0]["chats"] == [build_messages(q, d) for q, d in zip(questions, expected_docs)]
     assert (fake.calls[0]["batch_size"], fake.calls[0]["max_new_tokens"]) == (4, 6)
     for a, docs in zip(answers, expected_docs):
@@ -66,7 +75,9 @@ def test_rag_prompt_holds_the_retrieved_docs(kb, monkeypatch):
 def test_no_rag_prompt_has_no_documents(kb, monkeypatch):
     fake = FakeGenerate("no idea")
     monkeypatch.setattr(chain_mod, "generate_batched", fake)
-    (a,) = Chain(None, None, build_index(kb, CP), CP).answer(["oee on line L3, late shift?"], rag=False, batch_size=1)
+    (a,) = Chain(None, None, build_index(kb, CP), CP).answer(
+        ["oee on line L3, late shift?"], rag=False, batch_size=1
+    )
     assert fake.calls[0]["chats"] == [build_messages("oee on line L3, late shift?", None)]
     assert a.retrieved.doc_ids == [] and a.context == "" and not a.rag
     assert not a.valid and a.parsed.error

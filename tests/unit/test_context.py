@@ -1,4 +1,4 @@
-"""clap.context: an item's context documents, in order, or a loud error."""
+"""clap.task.context: an item's context documents, in order, or a loud error."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clap.context import item_docs, kb_bodies
 from clap.errors import ClapError
+from clap.task.context import item_docs, kb_bodies
 
 KB = pd.DataFrame({"doc_id": ["D1", "D2", "D3"], "body": ["one", "two", "three"]})
 
@@ -22,7 +22,10 @@ def test_item_docs_follow_context_order(ids):
 
 def test_item_docs_accepts_lists_arrays_series_rows_and_a_prebuilt_index():
     bodies = kb_bodies(KB)
-    assert item_docs({"item_id": "Q", "context_doc_ids": ["D2", "D1"]}, bodies) == [("D2", "two"), ("D1", "one")]
+    assert item_docs({"item_id": "Q", "context_doc_ids": ["D2", "D1"]}, bodies) == [
+        ("D2", "two"),
+        ("D1", "one"),
+    ]
     assert item_docs({"item_id": "Q", "context_doc_ids": np.array(["D3"])}, KB) == [("D3", "three")]
     row = pd.DataFrame({"item_id": ["Q"], "context_doc_ids": ['["D1"]']}).iloc[0]
     assert item_docs(row, KB) == [("D1", "one")]

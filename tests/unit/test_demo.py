@@ -1,4 +1,4 @@
-"""clap.demo: the committed data/raw is reproducible, and the injected noise is what MANIFEST.json says.
+"""clap.demo.generate: the committed data/raw is reproducible, and the injected noise is what MANIFEST.json says.
 
 The recounts below read the raw files with their own small parsers (not the generator's
 bookkeeping), so a drift between what is injected and what is counted fails here.
@@ -16,10 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clap import assetize as A
-from clap import cli, demo, demo_noise
-from clap.demo_render import build_rows
-from clap.demo_world import build_world, number_tokens, wrong_column_answers
+from clap import cli
+from clap.data import assetize as A
+from clap.demo import exports
+from clap.demo import generate as demo
+from clap.demo import noise as demo_noise
+from clap.demo.render import build_rows
+from clap.demo.world import build_world, number_tokens, wrong_column_answers
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "data" / "raw"
@@ -42,8 +45,14 @@ def test_committed_raw_data_is_reproduced_byte_for_byte(generated):
 
 def test_batches_have_the_contract_kinds_and_sizes(generated):
     kinds = {b: json.loads(f["MANIFEST.json"])["kind"] for b, f in generated.items()}
-    assert kinds == {"2026-01": "clean", "2026-02": "clean", "2026-03": "corrupted", "2026-04": "clean",
-                     "2026-05": "shifted", "2026-06": "clean"}
+    assert kinds == {
+        "2026-01": "clean",
+        "2026-02": "clean",
+        "2026-03": "corrupted",
+        "2026-04": "clean",
+        "2026-05": "shifted",
+        "2026-06": "clean",
+    }
     for files in generated.values():
         sizes = json.loads(files["MANIFEST.json"])["sizes"]
         assert sizes["train"] >= 420 and sizes["eval"] >= 170 and sizes["replay"] >= 110
@@ -93,14 +102,21 @@ def _evidence_kind(q: dict, kb: dict[str, dict]) -> str | None:
             return None  # a unit variant: the quote is in the canonical unit
         value = g["value"] if not isinstance(g["value"], str) else float(g["value"].replace(",", "."))
         return None if value in number_tokens(g["evidence"]) else "evidence_missing_value"
-    return "evidence_not_verbatim" if _norm(g["evidence"]) in _norm(body) else "evidence_not_verbatim_unrepairable"
+    return (
+        "evidence_not_verbatim"
+        if _norm(g["evidence"]) in _norm(body)
+        else "evidence_not_verbatim_unrepairable"
+    )
 
 
 def test_question_log_noise_recounted_from_the_file(generated):
     for batch, files in generated.items():
         manifest, qs, kb = json.loads(files["MANIFEST.json"]), _questions(files), _kb(files)
         noise = manifest["noise_by_file"][A.QLOG]
-        found = {k: 0 for k in ("evidence_missing_value", "evidence_not_verbatim", "evidence_not_verbatim_unrepairable")}
+        found = {
+            k: 0
+            for k in ("evidence_missing_value", "evidence_not_verbatim", "evidence_not_verbatim_unrepairable")
+        }
         for q in qs:
             kind = _evidence_kind(q, kb)
             if kind:
@@ -113,11 +129,16 @@ def test_question_log_noise_recounted_from_the_file(generated):
         found["unit_variant"] = sum(q["gold"]["unit"] not in CANON_UNITS for q in qs)
         found["numeric_prefix_label"] = sum(q["gold"]["metric"][:1].isdigit() for q in qs)
         g = [q["gold"] for q in qs]
-        found["trailing_whitespace"] = sum(any(s != s.rstrip() for s in (q["question"], x["line"], x["shift"], x["metric"]))
-                                           for q, x in zip(qs, g))
-        found["unicode_lookalike"] = sum(bool(LOOKALIKE.search(q["question"] + x["line"] + x["shift"] + x["date"]))
-                                         for q, x in zip(qs, g))
-        found["date_format_variant"] = sum(not re.fullmatch(r"\d{4}[-\u2013]\d\d[-\u2013]\d\d", x["date"]) for x in g)
+        found["trailing_whitespace"] = sum(
+            any(s != s.rstrip() for s in (q["question"], x["line"], x["shift"], x["metric"]))
+            for q, x in zip(qs, g)
+        )
+        found["unicode_lookalike"] = sum(
+            bool(LOOKALIKE.search(q["question"] + x["line"] + x["shift"] + x["date"])) for q, x in zip(qs, g)
+        )
+        found["date_format_variant"] = sum(
+            not re.fullmatch(r"\d{4}[-\u2013]\d\d[-\u2013]\d\d", x["date"]) for x in g
+        )
         assert found == {k: noise[k] for k in found}, batch
 
 
@@ -131,7 +152,11 @@ def _record_slots(files) -> dict[str, tuple[str, str, str]]:
             slots[rec.fields[0]] = (rec.fields[2], rec.fields[3], iso)
     for obj in map(_loads, files[A.QMS].decode().splitlines()):
         if obj and isinstance(obj.get("station"), dict) and "recorded_at" in obj and "line" in obj["station"]:
-            slots[obj["inspection_id"]] = (obj["station"]["line"], obj["station"]["shift"], obj["recorded_at"][:10].replace("/", "-"))
+            slots[obj["inspection_id"]] = (
+                obj["station"]["line"],
+                obj["station"]["shift"],
+                obj["recorded_at"][:10].replace("/", "-"),
+            )
     cmms = files[A.CMMS].decode("cp1252" if b"\xb0" in files[A.CMMS] else "utf-8")
     for rec in A.split_csv(cmms, ",", frozenset({6}))[1:]:
         if not rec.error and rec.fields[1]:
@@ -155,7 +180,9 @@ def test_only_the_corrupted_batch_has_labels_that_report_the_date(generated):
             g = q["gold"]
             iso = g["date"].replace("\u2013", "-")
             if "-" not in iso:
-                fmt = {".": "%d.%m.%Y", "/": "%m/%d/%Y" if g["date"][2] == "/" else "%Y/%m/%d"}["." if "." in iso else "/"]
+                fmt = {".": "%d.%m.%Y", "/": "%m/%d/%Y" if g["date"][2] == "/" else "%Y/%m/%d"}[
+                    "." if "." in iso else "/"
+                ]
                 iso = dt.datetime.strptime(iso, fmt).date().isoformat()
             line, shift, day = slots[kb[g["doc_id"]]["record_ref"]]
             own_record += (_clean(line), _clean(shift), day) == (_clean(g["line"]), _clean(g["shift"]), iso)
@@ -225,7 +252,11 @@ def test_contexts_hold_the_gold_doc_and_the_configured_distractors():
         if it.split == "replay":
             assert it.context == []
             continue
-        assert it.fact.doc_id in it.context and 2 <= len(it.context) <= 3 and len(set(it.context)) == len(it.context)
+        assert (
+            it.fact.doc_id in it.context
+            and 2 <= len(it.context) <= 3
+            and len(set(it.context)) == len(it.context)
+        )
         for d in (docs[x] for x in it.context if x != it.fact.doc_id):
             total += 1
             near += d.line == it.fact.line or d.day == it.fact.day
@@ -237,7 +268,9 @@ def test_contexts_hold_the_gold_doc_and_the_configured_distractors():
     assert all(it.context == ([it.fact.doc_id] if it.split != "replay" else []) for it in plain.items)
     words = [len(f.body.split()) for f in world.facts]
     lo, hi = P.body_words
-    assert min(words) >= lo and max(words) <= hi + 12  # one note may overshoot the max (a body keeps >= 1 note)
+    assert (
+        min(words) >= lo and max(words) <= hi + 12
+    )  # one note may overshoot the max (a body keeps >= 1 note)
     assert len({it.question for it in world.items}) == len(world.items)
 
 
@@ -250,9 +283,46 @@ def test_scale_knob_shrinks_batches_deterministically():
 
 
 def test_cli_writes_batches_and_reports_errors(tmp_path, capsys):
-    assert cli.main(["demo-data", "--out", str(tmp_path), "--batches", "2026-06",
-                     "--params", str(ROOT / "params.yaml")]) == 0
+    assert (
+        cli.main(
+            [
+                "demo-data",
+                "--out",
+                str(tmp_path),
+                "--batches",
+                "2026-06",
+                "--params",
+                str(ROOT / "params.yaml"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "2026-06" / A.QLOG).read_bytes() == (RAW / "2026-06" / A.QLOG).read_bytes()
-    assert cli.main(["demo-data", "--out", str(tmp_path), "--batches", "2031-01",
-                     "--params", str(ROOT / "params.yaml")]) == 2
+    assert (
+        cli.main(
+            [
+                "demo-data",
+                "--out",
+                str(tmp_path),
+                "--batches",
+                "2031-01",
+                "--params",
+                str(ROOT / "params.yaml"),
+            ]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_the_demo_writes_the_files_assetize_reads():
+    """The generator describes its exports itself (it imports nothing of the product): they must be what assetize reads."""
+    assert set(exports.EXPORTS) == set(A.RAW_FILES) and exports.SPLITS == A.SPLITS
+    for name, e in exports.EXPORTS.items():
+        spec = A.RAW_FILES[name]
+        assert (e.kind, e.system, e.columns, e.delimiter) == (
+            spec.kind,
+            spec.system,
+            spec.columns,
+            spec.delimiter,
+        ), name

@@ -1,4 +1,4 @@
-"""The empirical-Bernstein e-process of the TBDL detector (clap/detector.py)."""
+"""The empirical-Bernstein e-process of the TBDL detector (clap/train/detector.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from clap import detector as det
 from clap import params
+from clap.train import detector as det
 
 
 def _configured() -> det.DetectorParams:
@@ -20,7 +20,10 @@ def test_two_steps_match_the_closed_form():
     x1, x2 = 1.0, 0.2
     psi = [-math.log(1 - lam) - lam for lam in lams]
     mu0, mu1 = 0.5, (0.5 + x1) / 2  # predictable plug-in means before steps 1 and 2
-    log_k = [lam * (x1 - m0) - p * (x1 - mu0) ** 2 + lam * (x2 - m0) - p * (x2 - mu1) ** 2 for lam, p in zip(lams, psi)]
+    log_k = [
+        lam * (x1 - m0) - p * (x1 - mu0) ** 2 + lam * (x2 - m0) - p * (x2 - mu1) ** 2
+        for lam, p in zip(lams, psi)
+    ]
     expected = math.log(sum(w * math.exp(v) for w, v in zip(ws, log_k)))
     stream = det.EProcess(m0, 0.05, lams, ws)
     stream.update(x1)
@@ -37,7 +40,9 @@ def test_streaming_equals_vectorised():
     for v in x:
         stream.update(float(v))
         got.append(stream.log_e)
-    np.testing.assert_allclose(got, det.log_e_paths(x[None], 0.45, [0.1, 0.5, 0.9], [0.2, 0.3, 0.5])[0], atol=1e-12)
+    np.testing.assert_allclose(
+        got, det.log_e_paths(x[None], 0.45, [0.1, 0.5, 0.9], [0.2, 0.3, 0.5])[0], atol=1e-12
+    )
 
 
 def test_null_false_alarm_rate_within_alpha():
@@ -74,7 +79,9 @@ def test_alarm_is_sticky_and_state_round_trips():
 def test_increment_clipping_and_sign():
     assert det.to_unit(5.0, 1.0) == 1.0 and det.to_unit(-5.0, 1.0) == 0.0 and det.to_unit(0.0, 1.0) == 0.5
     # training improved by 1.0, probe by 0.2: the training loss says 0.8 more than the probe
-    assert det.gap_increment(train_base=2.0, train_now=1.0, probe_base=1.5, probe_now=1.3) == pytest.approx(0.8)
+    assert det.gap_increment(train_base=2.0, train_now=1.0, probe_base=1.5, probe_now=1.3) == pytest.approx(
+        0.8
+    )
 
 
 @pytest.mark.parametrize("bad", [{"m0": 1.2}, {"lambdas": [0.5, 1.0]}, {"weights": [0.7, 0.7]}])

@@ -1,4 +1,4 @@
-"""clap.evaluation: models, pairing, scoring rows and flat metrics (tiny model, in-process)."""
+"""clap.judge.evaluation: models, pairing, scoring rows and flat metrics (tiny model, in-process)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap import io
 from clap.errors import ClapError
-from clap.evaluation import (
+from clap.judge.evaluation import (
     EvalParams,
     ModelSpec,
     check_pairing,
@@ -23,10 +23,10 @@ from clap.evaluation import (
     model_specs,
     score_generations,
 )
-from clap.generate import Generation
-from clap.model import ADAPTER_FILE
-from clap.prompt import format_answer
-from clap.scoring import FieldWeights, ScoringParams
+from clap.model.base import ADAPTER_FILE
+from clap.model.generate import Generation
+from clap.task.prompt import format_answer
+from clap.task.scoring import FieldWeights, ScoringParams
 from schemas.eval import EvalItems, EvalTimings
 
 SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
@@ -74,36 +74,62 @@ def test_incumbent_resolution(batch, tmp_path):
 
 def test_model_specs_skip_missing_candidate_and_self_incumbent(batch, tmp_path):
     adapters = batch["adapters"]
-    cand = incumbent_spec(_pointer(tmp_path / "p.json", "2026-01", io.sha256_file(adapters / "2026-01" / ADAPTER_FILE)), adapters)
-    assert [s.role for s in model_specs(adapters / "2026-01", cand)] == ["base", "candidate"]  # the candidate is in production
+    cand = incumbent_spec(
+        _pointer(tmp_path / "p.json", "2026-01", io.sha256_file(adapters / "2026-01" / ADAPTER_FILE)),
+        adapters,
+    )
+    assert [s.role for s in model_specs(adapters / "2026-01", cand)] == [
+        "base",
+        "candidate",
+    ]  # the candidate is in production
     assert [s.role for s in model_specs(adapters / "2026-09", None)] == ["base"]  # not trained
 
 
 def test_evaluate_pairs_every_model_on_the_same_items(batch):
     adapters = batch["adapters"]
-    inc = ModelSpec("incumbent", str(adapters / "2025-12"), io.sha256_file(adapters / "2025-12" / ADAPTER_FILE), "2025-12")
+    inc = ModelSpec(
+        "incumbent", str(adapters / "2025-12"), io.sha256_file(adapters / "2025-12" / ADAPTER_FILE), "2025-12"
+    )
     specs = model_specs(adapters / "2026-01", inc)
-    items, kb = io.read_parquet(batch["admitted"] / "eval.parquet"), io.read_parquet(batch["admitted"] / "kb.parquet")
-    scored, timings = evaluate(specs, batch["base"], items, kb, EvalParams(batch_size=2, max_new_tokens=6), SP)
+    items, kb = (
+        io.read_parquet(batch["admitted"] / "eval.parquet"),
+        io.read_parquet(batch["admitted"] / "kb.parquet"),
+    )
+    scored, timings = evaluate(
+        specs, batch["base"], items, kb, EvalParams(batch_size=2, max_new_tokens=6), SP
+    )
     EvalItems.validate(scored, lazy=True)
     EvalTimings.validate(timings, lazy=True)
-    assert len(scored) == 3 * len(items) and list(scored["model"].unique()) == ["base", "candidate", "incumbent"]
+    assert len(scored) == 3 * len(items) and list(scored["model"].unique()) == [
+        "base",
+        "candidate",
+        "incumbent",
+    ]
     check_pairing(scored)
     for _, rows in scored.groupby("model"):
         assert list(rows.sort_values("position")["item_id"]) == list(items["item_id"])
-    assert not scored["parse_ok"].any() and (scored["overall"] == 0).all()  # random models: counted wrong, not dropped
+    assert (
+        not scored["parse_ok"].any() and (scored["overall"] == 0).all()
+    )  # random models: counted wrong, not dropped
     flat = flat_metrics(scored, timings, specs)
     assert flat["has_candidate"] == 1 and flat["has_incumbent"] == 1 and flat["incumbent_batch"] == "2025-12"
     assert flat["candidate_pass_rate"] == 0.0 and flat["base_parse_rate"] == 0.0
-    assert flat["base_p95_latency_ms"] >= flat["base_p50_latency_ms"] > 0 and flat["incumbent_items_per_s"] > 0
+    assert (
+        flat["base_p95_latency_ms"] >= flat["base_p50_latency_ms"] > 0 and flat["incumbent_items_per_s"] > 0
+    )
     meta = manifest(specs, inc, batch["base"], batch["admitted"], len(items))
-    assert set(meta["datasets"]) >= {"eval.parquet", "kb.parquet", "sft.parquet"} and meta["production"]["batch"] == "2025-12"
+    assert (
+        set(meta["datasets"]) >= {"eval.parquet", "kb.parquet", "sft.parquet"}
+        and meta["production"]["batch"] == "2025-12"
+    )
 
 
 def test_score_generations_keeps_unparseable_and_scores_right_answers(batch):
     items = io.read_parquet(batch["admitted"] / "eval.parquet").head(2)
     first = items.iloc[0]
-    good = format_answer({k: first[k] for k in ("metric", "value", "unit", "line", "shift", "date", "evidence")})
+    good = format_answer(
+        {k: first[k] for k in ("metric", "value", "unit", "line", "shift", "date", "evidence")}
+    )
     gens = [Generation(good, 20, 50, 5.0, 10.0, 2, 0), Generation("no idea", 3, 50, 5.0, 10.0, 2, 0)]
     contexts = [first["evidence"], ""]
     rows = score_generations("candidate", items, gens, contexts, SP)
@@ -113,13 +139,31 @@ def test_score_generations_keeps_unparseable_and_scores_right_answers(batch):
 
 
 def test_pairing_violation_is_loud():
-    frame = pd.DataFrame({"model": ["base", "base", "candidate", "candidate"], "position": [0, 1, 0, 1], "item_id": ["a", "b", "b", "a"]})
+    frame = pd.DataFrame(
+        {
+            "model": ["base", "base", "candidate", "candidate"],
+            "position": [0, 1, 0, 1],
+            "item_id": ["a", "b", "b", "a"],
+        }
+    )
     with pytest.raises(ClapError, match="same items"):
         check_pairing(frame)
 
 
 def test_empty_eval_set_needs_no_model(tmp_path):
-    scored, timings = evaluate([ModelSpec("base", None, "", "")], tmp_path / "no-model", pd.DataFrame(columns=["item_id"]), pd.DataFrame(), EvalParams(2, 4), SP)
+    scored, timings = evaluate(
+        [ModelSpec("base", None, "", "")],
+        tmp_path / "no-model",
+        pd.DataFrame(columns=["item_id"]),
+        pd.DataFrame(),
+        EvalParams(2, 4),
+        SP,
+    )
     assert scored.empty and timings.empty
-    assert flat_metrics(scored, timings, [ModelSpec("base", None, "", "")]) == {"has_candidate": 0, "has_incumbent": 0, "n_items": 0, "incumbent_batch": ""}
+    assert flat_metrics(scored, timings, [ModelSpec("base", None, "", "")]) == {
+        "has_candidate": 0,
+        "has_incumbent": 0,
+        "n_items": 0,
+        "incumbent_batch": "",
+    }
     assert json.dumps(flat_metrics(scored, timings, []))  # flat and serializable

@@ -1,4 +1,4 @@
-"""clap.gating: every decision path, the baseline choice, loud inputs, evidence and report."""
+"""clap.judge.gating: every decision path, the baseline choice, loud inputs, evidence and report."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from clap import params
 from clap.errors import ClapError
-from clap.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
-from clap.gating import (
+from clap.judge.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.judge.gating import (
     DECISION_CODE,
     ChainPolicy,
     Check,
@@ -27,12 +27,35 @@ from clap.gating import (
 
 HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
 P = GateParams(
-    baseline="incumbent", alpha=0.05, delta_star=0.06, lcb_floor=0.0, power=0.8, planning_discordance=0.2,
-    max_hallucination_rate=0.05, max_wrong_fact_rate=0.15, max_regressed_rate=0.10, max_p95_latency_ms=5000.0,
-    risk_alpha=0.05, near_bound=0.8, health=HEALTH, min_prompt_masked=0.95, unmasked="reject", max_regressed_samples=3,
-    chain=ChainPolicy(core_tolerance=0.05, evidence_tolerance=0.05, value_tolerance=0.05, min_value_accuracy=0.5, latency_soft_budget_ms=500.0),
+    baseline="incumbent",
+    alpha=0.05,
+    delta_star=0.06,
+    lcb_floor=0.0,
+    power=0.8,
+    planning_discordance=0.2,
+    max_hallucination_rate=0.05,
+    max_wrong_fact_rate=0.15,
+    max_regressed_rate=0.10,
+    max_p95_latency_ms=5000.0,
+    risk_alpha=0.05,
+    near_bound=0.8,
+    health=HEALTH,
+    min_prompt_masked=0.95,
+    unmasked="reject",
+    max_regressed_samples=3,
+    chain=ChainPolicy(
+        core_tolerance=0.05,
+        evidence_tolerance=0.05,
+        value_tolerance=0.05,
+        min_value_accuracy=0.5,
+        latency_soft_budget_ms=500.0,
+    ),
 )
-MASKED = {"masked_tokens_fraction": 0.6, "label_tokens": 1000, "prompt_tokens": 600}  # every prompt token masked
+MASKED = {
+    "masked_tokens_fraction": 0.6,
+    "label_tokens": 1000,
+    "prompt_tokens": 600,
+}  # every prompt token masked
 OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok", **MASKED}, {"admitted": 1}
 SHA = {"candidate": "c" * 64, "incumbent": "i" * 64}
 
@@ -46,14 +69,39 @@ def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0, la
         bad_value = {i: k for k, i in enumerate(failed)} if role == "candidate" else {}  # rank among failures
         for i, good in enumerate(ok):
             row = dict.fromkeys(SCORED_COLUMNS)
-            row.update(model=role, position=i, item_id=f"e{i:03d}", metric=["oee", "scrap_rate"][i % 2], line=f"L{i % 3 + 1}", shift="A",
-                       source_system=["mes", "qms"][i % 2], question_type="kpi_lookup", output=f"{role} answer {i}", overall=1.0 if good else 0.5,
-                       hallucination=bad_value.get(i, 1e9) < halluc, wrong_fact=halluc <= bad_value.get(i, -1) < halluc + wrong)
+            row.update(
+                model=role,
+                position=i,
+                item_id=f"e{i:03d}",
+                metric=["oee", "scrap_rate"][i % 2],
+                line=f"L{i % 3 + 1}",
+                shift="A",
+                source_system=["mes", "qms"][i % 2],
+                question_type="kpi_lookup",
+                output=f"{role} answer {i}",
+                overall=1.0 if good else 0.5,
+                hallucination=bad_value.get(i, 1e9) < halluc,
+                wrong_fact=halluc <= bad_value.get(i, -1) < halluc + wrong,
+            )
             row["pass"] = good
             rows.append(row)
             times.append((role, f"e{i:03d}", latency_ms, latency_ms * 4, 4, i // 4))
-    meta_models = [{"role": r, "adapter_sha256": SHA.get(r, ""), "batch": {"candidate": "2026-02", "incumbent": "2026-01"}.get(r, ""), "adapter_dir": None} for r in passes]
-    meta = {"models": meta_models, "production": {}, "datasets": {"eval.parquet": "e" * 64}, "base_sha256": "b" * 64, "n_items": n}
+    meta_models = [
+        {
+            "role": r,
+            "adapter_sha256": SHA.get(r, ""),
+            "batch": {"candidate": "2026-02", "incumbent": "2026-01"}.get(r, ""),
+            "adapter_dir": None,
+        }
+        for r in passes
+    ]
+    meta = {
+        "models": meta_models,
+        "production": {},
+        "datasets": {"eval.parquet": "e" * 64},
+        "base_sha256": "b" * 64,
+        "n_items": n,
+    }
     return pd.DataFrame(rows, columns=SCORED_COLUMNS), pd.DataFrame(times, columns=TIMING_COLUMNS), meta
 
 
@@ -62,7 +110,7 @@ def vectors(n: int, wins: int, losses: int, base_right: int) -> tuple[list[bool]
     base = np.zeros(n, bool)
     base[:base_right] = True
     cand = base.copy()
-    cand[base_right:base_right + wins] = True
+    cand[base_right : base_right + wins] = True
     cand[:losses] = False
     return cand.tolist(), base.tolist()
 
@@ -84,7 +132,10 @@ def test_incumbent_is_the_baseline_when_in_production():
     cand, base = vectors(60, wins=20, losses=1, base_right=10)
     r = gate({"base": [False] * 60, "candidate": cand, "incumbent": base})
     assert r.numbers["baseline"] == "incumbent" and r.numbers["b"] == 20
-    only_base = gate({"base": base, "candidate": cand, "incumbent": [False] * 60}, p=dataclasses.replace(P, baseline="base"))
+    only_base = gate(
+        {"base": base, "candidate": cand, "incumbent": [False] * 60},
+        p=dataclasses.replace(P, baseline="base"),
+    )
     assert only_base.numbers["baseline"] == "base"
 
 
@@ -131,21 +182,33 @@ def test_regressions_are_counted_bounded_and_sliced():
     cand, base = vectors(100, wins=40, losses=12, base_right=30)
     r = gate({"base": base, "candidate": cand})  # 12 % > 10 %, lower bound 7.1 %: not conclusive
     assert r.numbers["regressed_count"] == 12 and r.rule == "regressed_rate" and r.decision == "hold"
-    assert gate({"base": base, "candidate": vectors(100, wins=60, losses=20, base_right=30)[0]}).decision == "reject"  # 20 %: LCB 13.7 %
-    ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {"gate": {"alpha": 0.05}}, P)
+    assert (
+        gate({"base": base, "candidate": vectors(100, wins=60, losses=20, base_right=30)[0]}).decision
+        == "reject"
+    )  # 20 %: LCB 13.7 %
+    ev = evidence_bundle(
+        r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {"gate": {"alpha": 0.05}}, P
+    )
     assert ev["regressed"]["item_ids"] == [f"e{i:03d}" for i in range(12)]
     assert ev["regressed"]["by_slice"]["metric"] == {"oee": 6, "scrap_rate": 6}
-    assert len(ev["regressed"]["samples"]) == 3 and ev["regressed"]["samples"][0]["output_baseline"] == "base answer 0"
+    assert (
+        len(ev["regressed"]["samples"]) == 3
+        and ev["regressed"]["samples"][0]["output_baseline"] == "base answer 0"
+    )
 
 
-@pytest.mark.parametrize("health, decision", [("nan", "reject"), ("alarm", "reject"), ("stopped", "hold"), ("skipped", "reject")])
+@pytest.mark.parametrize(
+    "health, decision", [("nan", "reject"), ("alarm", "reject"), ("stopped", "hold"), ("skipped", "reject")]
+)
 def test_training_health_caps_the_decision(health, decision):
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     r = gate({"base": base, "candidate": cand}, train={"trained": 1, "health": health, **MASKED})
     assert (r.decision, r.rule) == (decision, "training_health")
 
 
-@pytest.mark.parametrize("fraction, decision", [(0.6, "promote"), (0.58, "promote"), (0.5, "reject"), (0.0, "reject")])
+@pytest.mark.parametrize(
+    "fraction, decision", [(0.6, "promote"), (0.58, "promote"), (0.5, "reject"), (0.0, "reject")]
+)
 def test_loss_on_prompt_tokens_caps_the_decision(fraction, decision):
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     r = gate({"base": base, "candidate": cand}, train={**OK_TRAIN, "masked_tokens_fraction": fraction})
@@ -159,19 +222,43 @@ def test_loss_on_prompt_tokens_caps_the_decision(fraction, decision):
 
 def test_health_detail_names_the_alarm_the_stop_and_the_skip():
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
-    alarm = {"trained": 1, "health": "alarm", "detector_alarm_step": 30, "planned_steps": 32, "detector_max_log_e": 3.1,
-             "detector_log_threshold": 2.996, "stop_step": 30, **MASKED}
-    detail = next(c.detail for c in gate({"base": base, "candidate": cand}, train=alarm).checks if c.name == "training_health")
-    assert detail == "training health 'alarm': TBDL detector alarm at step 30 of 32 (max log E 3.10 >= 3.00); training stopped at step 30"
-    skipped = gate({"base": base}, train={"trained": 0, "health": "skipped", "skip_reason": "batch not admitted"})
-    assert "not trained (batch not admitted)" in next(c.detail for c in skipped.checks if c.name == "training_health")
+    alarm = {
+        "trained": 1,
+        "health": "alarm",
+        "detector_alarm_step": 30,
+        "planned_steps": 32,
+        "detector_max_log_e": 3.1,
+        "detector_log_threshold": 2.996,
+        "stop_step": 30,
+        **MASKED,
+    }
+    detail = next(
+        c.detail
+        for c in gate({"base": base, "candidate": cand}, train=alarm).checks
+        if c.name == "training_health"
+    )
+    assert (
+        detail
+        == "training health 'alarm': TBDL detector alarm at step 30 of 32 (max log E 3.10 >= 3.00); training stopped at step 30"
+    )
+    skipped = gate(
+        {"base": base}, train={"trained": 0, "health": "skipped", "skip_reason": "batch not admitted"}
+    )
+    assert "not trained (batch not admitted)" in next(
+        c.detail for c in skipped.checks if c.name == "training_health"
+    )
 
 
 def test_not_admitted_or_not_trained_rejects():
     cand, base = vectors(60, wins=20, losses=0, base_right=10)
     assert gate({"base": base, "candidate": cand}, admit={"admitted": 0}).rule == "admission"
     r = gate({"base": base}, train={"trained": 0, "health": "skipped"}, admit={"admitted": 0})
-    assert r.decision == "reject" and {c.name for c in r.checks} == {"admission", "training_health", "loss_masking", "candidate"}
+    assert r.decision == "reject" and {c.name for c in r.checks} == {
+        "admission",
+        "training_health",
+        "loss_masking",
+        "candidate",
+    }
     ev = evidence_bundle(r, "2026-03", frames({"base": base})[2], "f" * 64, {}, P)
     assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
     assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"
@@ -208,7 +295,9 @@ def test_flat_metrics_and_report():
     assert all(isinstance(v, (int, float, str, bool)) for v in flat.values())  # flat: DVC drops lists
     ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {}, P)
     md = render_report(ev)
-    assert "# Gate 2026-02: **PROMOTE**" in md and "by metric" in md and ev["adapter_sha256"] == SHA["candidate"]
+    assert (
+        "# Gate 2026-02: **PROMOTE**" in md and "by metric" in md and ev["adapter_sha256"] == SHA["candidate"]
+    )
     assert DECISION_CODE == {"reject": 0, "hold": 1, "canary": 2, "promote": 3}
 
 
@@ -220,29 +309,55 @@ def test_params_section_loads_and_bad_policy_is_refused():
 
 # --- the application-chain checks (metrics/replay under gate.chain) ----------------------------
 def _chain(a_core=0.7, b_core=0.8, a_ev=0.3, b_ev=0.5, a_val=0.8, b_val=0.8, cost=100.0, n=40, adapter=True):
-    return {"n_cases": n, "A_run": int(n > 0), "B_run": int(adapter and n > 0), "A_core_accuracy": a_core, "B_core_accuracy": b_core,
-            "A_answer_evidence_rate": a_ev, "B_answer_evidence_rate": b_ev, "A_value_accuracy": a_val, "B_value_accuracy": b_val,
-            "adapter_latency_cost_ms": cost}
+    return {
+        "n_cases": n,
+        "A_run": int(n > 0),
+        "B_run": int(adapter and n > 0),
+        "A_core_accuracy": a_core,
+        "B_core_accuracy": b_core,
+        "A_answer_evidence_rate": a_ev,
+        "B_answer_evidence_rate": b_ev,
+        "A_value_accuracy": a_val,
+        "B_value_accuracy": b_val,
+        "adapter_latency_cost_ms": cost,
+    }
 
 
-@pytest.mark.parametrize("offline, numbers, expected", [
-    ("promote", _chain(), ("promote", "all_checks_passed")),
-    ("canary", _chain(), ("canary", "offline")),
-    ("hold", _chain(b_core=0.9), ("hold", "offline")),  # the chain never upgrades
-    ("reject", _chain(b_core=0.0), ("reject", "offline")),
-    ("promote", _chain(b_core=0.6), ("hold", "chain_core_fields")),  # the chain contradicts the held-out eval
-    ("canary", _chain(b_ev=0.2), ("hold", "chain_answer_evidence")),
-    ("promote", _chain(b_val=0.7), ("hold", "chain_value")),
-    ("promote", _chain(a_val=0.0, b_val=0.4), ("hold", "chain_value_floor")),  # better than base, still not usable in the chain
-    ("promote", _chain(a_val=0.0, b_val=0.5), ("promote", "all_checks_passed")),  # exactly at the floor
-    ("promote", _chain(b_core=0.65), ("promote", "all_checks_passed")),  # exactly at the tolerance: not worse
-    ("promote", _chain(cost=900.0), ("canary", "chain_latency_cost")),
-    ("canary", _chain(cost=900.0), ("canary", "offline")),
-    ("promote", _chain(adapter=False), ("hold", "chain_adapter")),
-    ("promote", _chain(n=0), ("hold", "chain_cases")),
-])
+@pytest.mark.parametrize(
+    "offline, numbers, expected",
+    [
+        ("promote", _chain(), ("promote", "all_checks_passed")),
+        ("canary", _chain(), ("canary", "offline")),
+        ("hold", _chain(b_core=0.9), ("hold", "offline")),  # the chain never upgrades
+        ("reject", _chain(b_core=0.0), ("reject", "offline")),
+        (
+            "promote",
+            _chain(b_core=0.6),
+            ("hold", "chain_core_fields"),
+        ),  # the chain contradicts the held-out eval
+        ("canary", _chain(b_ev=0.2), ("hold", "chain_answer_evidence")),
+        ("promote", _chain(b_val=0.7), ("hold", "chain_value")),
+        (
+            "promote",
+            _chain(a_val=0.0, b_val=0.4),
+            ("hold", "chain_value_floor"),
+        ),  # better than base, still not usable in the chain
+        ("promote", _chain(a_val=0.0, b_val=0.5), ("promote", "all_checks_passed")),  # exactly at the floor
+        (
+            "promote",
+            _chain(b_core=0.65),
+            ("promote", "all_checks_passed"),
+        ),  # exactly at the tolerance: not worse
+        ("promote", _chain(cost=900.0), ("canary", "chain_latency_cost")),
+        ("canary", _chain(cost=900.0), ("canary", "offline")),
+        ("promote", _chain(adapter=False), ("hold", "chain_adapter")),
+        ("promote", _chain(n=0), ("hold", "chain_cases")),
+    ],
+)
 def test_chain_checks_cap_the_decision(offline, numbers, expected):
-    assert decide([Check("offline", offline, "the other checks"), *chain_checks(numbers, P.chain)]) == expected
+    assert (
+        decide([Check("offline", offline, "the other checks"), *chain_checks(numbers, P.chain)]) == expected
+    )
 
 
 def test_chain_checks_are_part_of_the_gate_and_reported_apart():
@@ -250,11 +365,19 @@ def test_chain_checks_are_part_of_the_gate_and_reported_apart():
     scored, timings, meta = frames({"base": base, "candidate": cand})
     r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P, chain_checks(_chain(b_val=0.7), P.chain))
     flat = flat_metrics(r)
-    assert (flat["decision"], flat["rule"], flat["offline_decision"], flat["offline_rule"]) == ("hold", "chain_value", "promote", "all_checks_passed")
+    assert (flat["decision"], flat["rule"], flat["offline_decision"], flat["offline_rule"]) == (
+        "hold",
+        "chain_value",
+        "promote",
+        "all_checks_passed",
+    )
     ev = evidence_bundle(r, "2026-02", meta, "f" * 64, {}, P)
     ev["replay"] = _chain(b_val=0.7)
     report = render_report(ev)
-    assert "A base+RAG → B adapter+RAG: value 0.800 → 0.700" in report and "without these `chain_*` checks: promote" in report
+    assert (
+        "A base+RAG → B adapter+RAG: value 0.800 → 0.700" in report
+        and "without these `chain_*` checks: promote" in report
+    )
 
 
 def test_a_replay_record_missing_a_number_is_loud():

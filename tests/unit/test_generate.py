@@ -1,12 +1,12 @@
-"""clap.generate: batched left-padded greedy generation equals per-item generation, in input order."""
+"""clap.model.generate: batched left-padded greedy generation equals per-item generation, in input order."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from clap.generate import encode_chats, generate_batched, stop_ids
-from clap.prompt import build_messages
+from clap.model.generate import encode_chats, generate_batched, stop_ids
+from clap.task.prompt import build_messages
 
 QUESTIONS = [
     "What was the OEE on line L1, shift A, 2026-03-02?",
@@ -15,7 +15,10 @@ QUESTIONS = [
     "Downtime L2 C 2026-03-05",
     "What was the defect rate (ppm) on L4 during shift A on 2026-03-09?",
 ]
-DOCS = [("MES-1", "Shift report L1/A 02.03.2026: OEE 78,4 %"), ("CMMS-7", "Line L2 stopped 45 min, jam at station 3")]
+DOCS = [
+    ("MES-1", "Shift report L1/A 02.03.2026: OEE 78,4 %"),
+    ("CMMS-7", "Line L2 stopped 45 min, jam at station 3"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,7 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model_and_tok(tiny_base):
-    from clap.model import load_model, load_tokenizer
+    from clap.model.base import load_model, load_tokenizer
 
     model = load_model(tiny_base)
     # The tiny model's init (std .02) answers every prompt with the same token, which would
@@ -47,8 +50,14 @@ def _reference(model, tok, chats, max_new_tokens):
     out = []
     for ids in encode_chats(tok, chats):
         with torch.inference_mode():
-            seq = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=stop_ids(model, tok))
-        out.append(seq[0, len(ids):].tolist())
+            seq = model.generate(
+                input_ids=torch.tensor([ids]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=stop_ids(model, tok),
+            )
+        out.append(seq[0, len(ids) :].tolist())
     return out
 
 
@@ -91,7 +100,7 @@ def test_missing_pad_token_is_refused(model_and_tok):
 
 def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
     """Rows that stop early drop out of the batch; the rest go on exactly as they would alone."""
-    import clap.generate as gen_mod
+    import clap.model.generate as gen_mod
 
     model, tok = model_and_tok
     chats = [build_messages(q, DOCS[: i % 3]) for i, q in enumerate(QUESTIONS)]
@@ -111,25 +120,34 @@ def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
 
 def test_rows_without_a_shared_prefix_are_left_padded(model_and_tok):
     """No common prefix (prefix_len 0): plain left padding, still equal to unpadded generation."""
-    from clap.generate import _greedy
+    from clap.model.generate import _greedy
 
     model, tok = model_and_tok
     rows = [[5, 9, 13, 2 + i] * (1 + i) for i in range(4)]
     with torch.inference_mode():
         got = _greedy(model, None, 0, rows, tok.pad_token_id, 6, set())
         for row, new in zip(rows, got):
-            ref = model.generate(input_ids=torch.tensor([row]), max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
-            assert new == ref[0, len(row):].tolist()
+            ref = model.generate(
+                input_ids=torch.tensor([row]),
+                max_new_tokens=6,
+                min_new_tokens=6,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+            assert new == ref[0, len(row) :].tolist()
 
 
-@pytest.mark.parametrize("rows, expected", [
-    ([[1, 2, 3], [1, 2, 4, 5]], 2),
-    ([[1, 2, 3], [1, 2, 3, 4]], 2),   # a row that is all prefix keeps its last token to feed
-    ([[7, 8]], 1),
-    ([[1, 2], [3, 4]], 0),
-    ([], 0),
-])
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        ([[1, 2, 3], [1, 2, 4, 5]], 2),
+        ([[1, 2, 3], [1, 2, 3, 4]], 2),  # a row that is all prefix keeps its last token to feed
+        ([[7, 8]], 1),
+        ([[1, 2], [3, 4]], 0),
+        ([], 0),
+    ],
+)
 def test_shared_prefix_length(rows, expected):
-    from clap.generate import shared_prefix_length
+    from clap.model.generate import shared_prefix_length
 
     assert shared_prefix_length(rows) == expected

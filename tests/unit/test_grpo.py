@@ -1,4 +1,4 @@
-"""clap.grpo on the tiny model: the reward is eval's score, a KL blow-up is held, a calm run finishes, the switch is respected."""
+"""clap.train.grpo on the tiny model: the reward is eval's score, a KL blow-up is held, a calm run finishes, the switch is respected."""
 
 from __future__ import annotations
 
@@ -10,22 +10,39 @@ from conftest import write_tiny_admitted
 
 from clap import io, params
 from clap.errors import ClapError
-from clap.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
-from clap.diagnosis import curves_csv
-from clap.grpo_policy import CURVE_COLUMNS, GrpoParams
-from clap.scoring import ScoringParams, reward
+from clap.task.scoring import ScoringParams, reward
+from clap.train.diagnosis import curves_csv
+from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
+from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 
 ROOT = Path(__file__).resolve().parents[2]
-ADMIT = {"admitted": 1, "rank_pass_rate": 1.0, "reward_margin": 0.225, "reward_variance_min": 0.04,
-         "rank_pass_rate_passed": 1, "reward_margin_passed": 1, "reward_variance_min_passed": 1}
+ADMIT = {
+    "admitted": 1,
+    "rank_pass_rate": 1.0,
+    "reward_margin": 0.225,
+    "reward_variance_min": 0.04,
+    "rank_pass_rate_passed": 1,
+    "reward_margin_passed": 1,
+    "reward_variance_min_passed": 1,
+}
 SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
 
 
 def tiny_params(**overrides) -> GrpoParams:
     """The real ``grpo`` section shrunk for the tiny model: 1 prompt x 2 completions of 6 tokens per step."""
     raw = params.raw_section("grpo", ROOT / "params.yaml")
-    raw.update({"enabled": True, "start_from": "base", "max_steps": 2, "num_generations": 2, "prompts_per_step": 1,
-                "max_completion_length": 6, "torch_threads": 1, **overrides})
+    raw.update(
+        {
+            "enabled": True,
+            "start_from": "base",
+            "max_steps": 2,
+            "num_generations": 2,
+            "prompts_per_step": 1,
+            "max_completion_length": 6,
+            "torch_threads": 1,
+            **overrides,
+        }
+    )
     return params.build(GrpoParams, raw)
 
 
@@ -45,40 +62,95 @@ def test_reward_is_the_eval_score(batch):
     gold = json.loads(r["gold"])
     wrong = json.dumps({**gold, "value": gold["value"] + 7})
     completions = [r["gold"], [{"role": "assistant", "content": r["gold"]}], wrong, "no json here"]
-    scores = reward_function(SP)(completions=completions, gold=[r["gold"]] * 4, context=[r["context"]] * 4, prompts=None)
+    scores = reward_function(SP)(
+        completions=completions, gold=[r["gold"]] * 4, context=[r["context"]] * 4, prompts=None
+    )
     assert scores[0] == scores[1] == 1.0 and 0.0 < scores[2] < 1.0 and scores[3] == 0.0
     assert scores == [reward(completion_text(c), gold, r["context"], SP) for c in completions]
 
 
 def test_injected_kl_blowup_is_stopped_and_held(batch, tiny_base, tmp_path):
     data, admit = batch
-    res = run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(max_steps=3, inject_kl_at_step=2), SP)
+    res = run_probe(
+        data,
+        admit,
+        tiny_base,
+        tmp_path / "no-sft",
+        tmp_path / "grpo",
+        tiny_params(max_steps=3, inject_kl_at_step=2),
+        SP,
+    )
     rec = res.record
-    assert (rec["health"], rec["runtime_verdict"], rec["stop_reason"], rec["stop_step"], rec["steps"]) == ("hold", "hold", "kl_peak", 2, 2)
-    assert rec["kl_peak"] > rec["threshold_max_kl"] and rec["kl_peak_step"] == 2 and rec["static_verdict"] == "pass"
+    assert (rec["health"], rec["runtime_verdict"], rec["stop_reason"], rec["stop_step"], rec["steps"]) == (
+        "hold",
+        "hold",
+        "kl_peak",
+        2,
+        2,
+    )
+    assert (
+        rec["kl_peak"] > rec["threshold_max_kl"]
+        and rec["kl_peak_step"] == 2
+        and rec["static_verdict"] == "pass"
+    )
     assert [r["step"] for r in res.curves] == [1, 2] and res.curves[0]["kl"] == 0.0
-    assert rec["adapter_sha256"] == io.sha256_file(tmp_path / "grpo" / "adapter_model.safetensors")  # the held candidate is kept
+    assert rec["adapter_sha256"] == io.sha256_file(
+        tmp_path / "grpo" / "adapter_model.safetensors"
+    )  # the held candidate is kept
 
 
 def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path):
     data, admit = batch
     res = run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(lr=1e-6), SP)
     rec = res.record
-    assert (rec["run"], rec["health"], rec["runtime_verdict"], rec["stop_reason"], rec["steps"], rec["planned_steps"]) == (1, "ok", "stable", "completed", 2, 2)
+    assert (
+        rec["run"],
+        rec["health"],
+        rec["runtime_verdict"],
+        rec["stop_reason"],
+        rec["steps"],
+        rec["planned_steps"],
+    ) == (1, "ok", "stable", "completed", 2, 2)
     assert rec["kl_peak"] < rec["threshold_max_kl"] and rec["beta"] > 0 and rec["wall_s"] > 0
-    assert all(isinstance(v, (int, float, str, bool)) for v in rec.values())  # flat, JSON-safe (io.write_json refuses NaN)
+    assert all(
+        isinstance(v, (int, float, str, bool)) for v in rec.values()
+    )  # flat, JSON-safe (io.write_json refuses NaN)
     io.write_json(tmp_path / "rec.json", rec)
     lines = curves_csv(res.curves, CURVE_COLUMNS).splitlines()
-    assert lines[0] == ",".join(CURVE_COLUMNS) and len(lines) == 3 and all(lines[i].split(",")[1] != "" for i in (1, 2))  # KL logged every step
+    assert (
+        lines[0] == ",".join(CURVE_COLUMNS)
+        and len(lines) == 3
+        and all(lines[i].split(",")[1] != "" for i in (1, 2))
+    )  # KL logged every step
 
 
 def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
     data, admit = batch
-    off = run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "off", tiny_params(enabled=["another-batch"]), SP)
-    assert (off.record["run"], off.record["health"], off.record["stop_reason"], off.curves) == (0, "not_run", "disabled", [])
-    assert io.read_json(tmp_path / "off" / NOT_RUN_FILE)["reason"] == "disabled" and not (tmp_path / "off" / "adapter_model.safetensors").exists()
+    off = run_probe(
+        data,
+        admit,
+        tiny_base,
+        tmp_path / "no-sft",
+        tmp_path / "off",
+        tiny_params(enabled=["another-batch"]),
+        SP,
+    )
+    assert (off.record["run"], off.record["health"], off.record["stop_reason"], off.curves) == (
+        0,
+        "not_run",
+        "disabled",
+        [],
+    )
+    assert (
+        io.read_json(tmp_path / "off" / NOT_RUN_FILE)["reason"] == "disabled"
+        and not (tmp_path / "off" / "adapter_model.safetensors").exists()
+    )
     io.write_json(tmp_path / "refused.json", {**ADMIT, "admitted": 0})
-    refused = run_probe(data, tmp_path / "refused.json", tiny_base, tmp_path / "no-sft", tmp_path / "r", tiny_params(), SP)
+    refused = run_probe(
+        data, tmp_path / "refused.json", tiny_base, tmp_path / "no-sft", tmp_path / "r", tiny_params(), SP
+    )
     assert refused.record["stop_reason"] == "not_admitted" and refused.record["static_verdict"] == "pass"
     with pytest.raises(ClapError, match="SFT adapter"):
-        run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "s", tiny_params(start_from="sft"), SP)
+        run_probe(
+            data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "s", tiny_params(start_from="sft"), SP
+        )

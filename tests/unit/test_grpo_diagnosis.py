@@ -1,4 +1,4 @@
-"""clap.grpo_diagnosis: each runtime signal fires on its own pattern, a calm trajectory fires none."""
+"""clap.train.grpo_diagnosis: each runtime signal fires on its own pattern, a calm trajectory fires none."""
 
 from __future__ import annotations
 
@@ -6,17 +6,38 @@ import math
 
 import pytest
 
-from clap.grpo_diagnosis import curve_row, first_signal, slope, trajectory_summary
-from clap.diagnosis import curves_csv
-from clap.grpo_policy import CURVE_COLUMNS, GrpoThresholds
+from clap.train.diagnosis import curves_csv
+from clap.train.grpo_diagnosis import curve_row, first_signal, slope, trajectory_summary
+from clap.train.grpo_policy import CURVE_COLUMNS, GrpoThresholds
 
-T = GrpoThresholds(max_kl=1.0, kl_window=3, max_kl_slope=0.1, max_reward_drop=0.3, zero_std_patience=3, plateau_window=4,
-                   plateau_tol=0.0, max_length_drift=0.5, max_clipped_ratio=0.5, clipped_patience=2)
+T = GrpoThresholds(
+    max_kl=1.0,
+    kl_window=3,
+    max_kl_slope=0.1,
+    max_reward_drop=0.3,
+    zero_std_patience=3,
+    plateau_window=4,
+    plateau_tol=0.0,
+    max_length_drift=0.5,
+    max_clipped_ratio=0.5,
+    clipped_patience=2,
+)
 
 
-def row(step: int, kl=0.01, reward=0.5, std=0.1, length=80.0, clipped=0.0, zero=0.0, loss=0.01, grad=0.5) -> dict:
-    return {"step": step, "kl": kl, "reward": reward, "reward_std": std, "completion_length": length, "clipped_ratio": clipped,
-            "frac_reward_zero_std": zero, "loss": loss, "grad_norm": grad}
+def row(
+    step: int, kl=0.01, reward=0.5, std=0.1, length=80.0, clipped=0.0, zero=0.0, loss=0.01, grad=0.5
+) -> dict:
+    return {
+        "step": step,
+        "kl": kl,
+        "reward": reward,
+        "reward_std": std,
+        "completion_length": length,
+        "clipped_ratio": clipped,
+        "frac_reward_zero_std": zero,
+        "loss": loss,
+        "grad_norm": grad,
+    }
 
 
 def calm(n: int) -> list[dict]:
@@ -28,15 +49,18 @@ def test_calm_trajectory_fires_nothing():
     assert all(first_signal(rows[: i + 1], T) is None for i in range(len(rows)))
 
 
-@pytest.mark.parametrize("last, name", [
-    (row(9, kl=5.0), "kl_peak"),
-    (row(9, kl=float("inf")), "nonfinite"),
-    (row(9, loss=float("nan")), "nonfinite"),
-    (row(9, loss=None), "nonfinite"),  # TRL logs an all-NaN metric as None
-    (row(9, grad=float("nan")), "nonfinite"),
-    (row(9, reward=0.05), "reward_collapse"),
-    (row(9, length=200.0), "length_drift"),
-])
+@pytest.mark.parametrize(
+    "last, name",
+    [
+        (row(9, kl=5.0), "kl_peak"),
+        (row(9, kl=float("inf")), "nonfinite"),
+        (row(9, loss=float("nan")), "nonfinite"),
+        (row(9, loss=None), "nonfinite"),  # TRL logs an all-NaN metric as None
+        (row(9, grad=float("nan")), "nonfinite"),
+        (row(9, reward=0.05), "reward_collapse"),
+        (row(9, length=200.0), "length_drift"),
+    ],
+)
 def test_each_signal_fires_at_the_step_it_appears(last, name):
     found = first_signal([*calm(8), last], T)
     assert found is not None and found.name == name and found.step == 9
@@ -66,16 +90,40 @@ def test_plateau_and_clipping():
 
 
 def test_curve_row_reads_trl_keys_and_none():
-    r = curve_row(4, {"kl": 0.5, "reward": 0.2, "completions/mean_length": 12, "completions/clipped_ratio": 1, "loss": 0.1})
-    assert r["step"] == 4 and r["completion_length"] == 12.0 and r["clipped_ratio"] == 1.0 and r["reward_std"] is None
+    r = curve_row(
+        4,
+        {
+            "kl": 0.5,
+            "reward": 0.2,
+            "completions/mean_length": 12,
+            "completions/clipped_ratio": 1,
+            "loss": 0.1,
+        },
+    )
+    assert (
+        r["step"] == 4
+        and r["completion_length"] == 12.0
+        and r["clipped_ratio"] == 1.0
+        and r["reward_std"] is None
+    )
 
 
 def test_summary_and_csv():
-    rows = [row(1, kl=0.0, reward=0.2, length=50.0), row(2, kl=2.0, reward=0.4, length=60.0), row(3, kl=float("nan"), reward=0.3, length=100.0)]
+    rows = [
+        row(1, kl=0.0, reward=0.2, length=50.0),
+        row(2, kl=2.0, reward=0.4, length=60.0),
+        row(3, kl=float("nan"), reward=0.3, length=100.0),
+    ]
     s = trajectory_summary(rows, T)
     assert (s["kl_peak"], s["kl_peak_step"]) == (2.0, 2) and math.isnan(s["kl_final"])
-    assert (s["reward_first"], s["reward_final"], s["reward_max"]) == (0.2, 0.3, 0.4) and s["length_drift"] == pytest.approx(1.0)
+    assert (s["reward_first"], s["reward_final"], s["reward_max"]) == (0.2, 0.3, 0.4) and s[
+        "length_drift"
+    ] == pytest.approx(1.0)
     text = curves_csv([*rows, {c: None for c in CURVE_COLUMNS} | {"step": 4}], CURVE_COLUMNS)
     lines = text.splitlines()
-    assert lines[0] == ",".join(CURVE_COLUMNS) and lines[3].split(",")[1] == "nan" and lines[4] == "4" + "," * (len(CURVE_COLUMNS) - 1)
+    assert (
+        lines[0] == ",".join(CURVE_COLUMNS)
+        and lines[3].split(",")[1] == "nan"
+        and lines[4] == "4" + "," * (len(CURVE_COLUMNS) - 1)
+    )
     assert math.isnan(trajectory_summary([], T)["kl_peak"]) and slope([1.0]) == 0.0

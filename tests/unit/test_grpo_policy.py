@@ -1,4 +1,4 @@
-"""clap.grpo_policy: params, static verdict, the GRPO-candidate decision in the gate, the summary table."""
+"""clap.train.grpo_policy: params, static verdict, the GRPO-candidate decision in the gate, the summary table."""
 
 from __future__ import annotations
 
@@ -9,13 +9,29 @@ import pytest
 
 from clap import io, params
 from clap.errors import ClapError
-from clap.gating import GateParams, decide, flat_metrics, run_gate
-from clap.grpo_policy import (GrpoParams, candidate_decision, evidence_section, gate_fields, probe_enabled, render_static_runtime,
-                              report_section, sft_checks, static_runtime_row, static_verdict, summary_fields)
+from clap.judge.gating import GateParams, decide, flat_metrics, run_gate
+from clap.judge.grpo_gate import (
+    candidate_decision,
+    evidence_section,
+    gate_fields,
+    render_static_runtime,
+    report_section,
+    sft_checks,
+    static_runtime_row,
+    summary_fields,
+)
+from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
-ADMIT = {"admitted": 1, "rank_pass_rate": 1.0, "reward_margin": 0.225, "reward_variance_min": 0.04,
-         "rank_pass_rate_passed": 1, "reward_margin_passed": 1, "reward_variance_min_passed": 1}
+ADMIT = {
+    "admitted": 1,
+    "rank_pass_rate": 1.0,
+    "reward_margin": 0.225,
+    "reward_variance_min": 0.04,
+    "rank_pass_rate_passed": 1,
+    "reward_margin_passed": 1,
+    "reward_variance_min_passed": 1,
+}
 
 
 def grpo_params(**overrides) -> GrpoParams:
@@ -24,23 +40,43 @@ def grpo_params(**overrides) -> GrpoParams:
 
 
 def held_record(**extra) -> dict:
-    return {"run": 1, "health": "hold", "runtime_verdict": "hold", "stop_reason": "kl_peak", "stop_step": 3, "stop_detail": "KL 168 > 1",
-            "kl_peak": 168.0, "reward_final": 0.41, "steps": 3, **static_verdict(ADMIT, "admit.json"), **extra}
+    return {
+        "run": 1,
+        "health": "hold",
+        "runtime_verdict": "hold",
+        "stop_reason": "kl_peak",
+        "stop_step": 3,
+        "stop_detail": "KL 168 > 1",
+        "kl_peak": 168.0,
+        "reward_final": 0.41,
+        "steps": 3,
+        **static_verdict(ADMIT, "admit.json"),
+        **extra,
+    }
 
 
 def test_params_section_loads_and_rejects_bad_switches():
     p = grpo_params()
     assert p.beta > 0 and p.thresholds.max_kl > 0
-    assert probe_enabled(grpo_params(enabled=True), "x") and not probe_enabled(grpo_params(enabled=False), "x")
-    assert probe_enabled(grpo_params(enabled=["2026-01"]), "2026-01") and not probe_enabled(grpo_params(enabled=["2026-01"]), "2026-03")
+    assert probe_enabled(grpo_params(enabled=True), "x") and not probe_enabled(
+        grpo_params(enabled=False), "x"
+    )
+    assert probe_enabled(grpo_params(enabled=["2026-01"]), "2026-01") and not probe_enabled(
+        grpo_params(enabled=["2026-01"]), "2026-03"
+    )
     for bad in ({"beta": 0.0}, {"enabled": "2026-01"}, {"start_from": "sft2"}, {"num_generations": 1}):
         with pytest.raises(ClapError):
             grpo_params(**bad)
 
 
 def test_static_verdict_reads_admission_metrics():
-    assert static_verdict(ADMIT, "a.json") == {"admitted": 1, "static_verdict": "pass", "static_rank_pass_rate": 1.0,
-                                               "static_reward_margin": 0.225, "static_reward_variance_min": 0.04}
+    assert static_verdict(ADMIT, "a.json") == {
+        "admitted": 1,
+        "static_verdict": "pass",
+        "static_rank_pass_rate": 1.0,
+        "static_reward_margin": 0.225,
+        "static_reward_variance_min": 0.04,
+    }
     assert static_verdict({**ADMIT, "reward_margin_passed": 0}, "a.json")["static_verdict"] == "fail"
     with pytest.raises(ClapError, match="rank_pass_rate"):
         static_verdict({"admitted": 1}, "a.json")
@@ -52,7 +88,11 @@ def test_candidate_decision_never_promotes_without_a_paired_test():
     assert candidate_decision(stable)[:2] == ("hold", "grpo_not_evaluated")
     assert candidate_decision({"run": 0, "stop_reason": "disabled"})[0] == "not_run"
     fields = gate_fields(held_record())
-    assert fields["grpo_decision"] == "hold" and fields["grpo_kl_peak"] == 168.0 and fields["grpo_static_verdict"] == "pass"
+    assert (
+        fields["grpo_decision"] == "hold"
+        and fields["grpo_kl_peak"] == 168.0
+        and fields["grpo_static_verdict"] == "pass"
+    )
 
 
 def test_held_probe_caps_sft_only_when_the_switch_says_so():
@@ -62,8 +102,21 @@ def test_held_probe_caps_sft_only_when_the_switch_says_so():
     assert decide(checks) == ("hold", "grpo_probe") and "kl_peak" in checks[0].detail
     gate = params.section("gate", GateParams, ROOT / "params.yaml")
     scored = pd.DataFrame({"model": ["base"]})
-    result = run_gate(scored, pd.DataFrame(), {"models": []}, {"health": "ok", "trained": 1, "masked_tokens_fraction": 0.6, "label_tokens": 100, "prompt_tokens": 60},
-                        {"admitted": 1}, gate, checks)
+    result = run_gate(
+        scored,
+        pd.DataFrame(),
+        {"models": []},
+        {
+            "health": "ok",
+            "trained": 1,
+            "masked_tokens_fraction": 0.6,
+            "label_tokens": 100,
+            "prompt_tokens": 60,
+        },
+        {"admitted": 1},
+        gate,
+        checks,
+    )
     assert flat_metrics(result)["check_grpo_probe"] == "hold"
 
 
@@ -76,11 +129,28 @@ def test_evidence_and_report_carry_the_kl_evidence():
 
 def test_summary_shows_static_pass_but_runtime_hold(tmp_path):
     io.write_json(tmp_path / "grpo" / "2026-01.json", held_record())
-    io.write_json(tmp_path / "grpo" / "2026-03.json", {**held_record(), "run": 0, "runtime_verdict": "not_run", "stop_reason": "disabled", "kl_peak": "nan"})
+    io.write_json(
+        tmp_path / "grpo" / "2026-03.json",
+        {
+            **held_record(),
+            "run": 0,
+            "runtime_verdict": "not_run",
+            "stop_reason": "disabled",
+            "kl_peak": "nan",
+        },
+    )
     rows = [static_runtime_row(tmp_path, b) for b in ("2026-01", "2026-03")]
     md = render_static_runtime(rows)
-    assert "| 2026-01 | pass (1, 0.225) | hold (168, kl_peak) | hold |" in md and "| 2026-03 |" in md and "not_run (nan, disabled)" in md
+    assert (
+        "| 2026-01 | pass (1, 0.225) | hold (168, kl_peak) | hold |" in md
+        and "| 2026-03 |" in md
+        and "not_run (nan, disabled)" in md
+    )
     assert "passed but the runtime probe was held: **2026-01**" in md
-    assert summary_fields(rows) == {"grpo_probes_run": 1, "grpo_probes_held": 1, "grpo_static_pass_runtime_hold": 1}
+    assert summary_fields(rows) == {
+        "grpo_probes_run": 1,
+        "grpo_probes_held": 1,
+        "grpo_static_pass_runtime_hold": 1,
+    }
     with pytest.raises(ClapError):
         static_runtime_row(tmp_path, "2026-05")

@@ -9,29 +9,59 @@ import pytest
 import yaml
 
 from clap import io
-from clap.approval import Binding
 from clap.errors import ClapError
-from clap.handoff import (CardParams, CostParams, build_handoff, cost_report, model_card, stage_params, validate_card,
-                          validate_manifest, write_handoff)
+from clap.release.approval import Binding
+from clap.release.handoff import (
+    CardParams,
+    CostParams,
+    build_handoff,
+    cost_report,
+    model_card,
+    stage_params,
+    validate_card,
+    validate_manifest,
+    write_handoff,
+)
 
 B = "2026-01"
 CARD_P = CardParams(license="apache-2.0", tags=["clap", "lora"], packages=["pandas", "pyyaml"])
-COST_P = CostParams(over_budget="refuse", budget_cpu_hours=1.0, budget_gpu_hours=0.5, stages=["train", "eval"],
-                    wall_time_key="wall_s", device_key="device")
+COST_P = CostParams(
+    over_budget="refuse",
+    budget_cpu_hours=1.0,
+    budget_gpu_hours=0.5,
+    stages=["train", "eval"],
+    wall_time_key="wall_s",
+    device_key="device",
+)
 BINDING = Binding(B, "promote", "a" * 64, "b" * 64, "c" * 64, "d" * 64)
-LOCK = {"schema": "2.0", "stages": {
-    "base": {"params": {"params.yaml": {"base": {"model": "m", "dtype": "float32"}}}},
-    f"train@{B}": {"params": {"params.yaml": {"train": {"seed": 3, "lr": 0.1}, "detector": {"seed": 7, "alpha": 0.05}}}},
-    "train@2026-02": {"params": {"params.yaml": {"train": {"seed": 99}}}},
-    f"gate@{B}": {"deps": []},
-}}
+LOCK = {
+    "schema": "2.0",
+    "stages": {
+        "base": {"params": {"params.yaml": {"base": {"model": "m", "dtype": "float32"}}}},
+        f"train@{B}": {
+            "params": {
+                "params.yaml": {"train": {"seed": 3, "lr": 0.1}, "detector": {"seed": 7, "alpha": 0.05}}
+            }
+        },
+        "train@2026-02": {"params": {"params.yaml": {"train": {"seed": 99}}}},
+        f"gate@{B}": {"deps": []},
+    },
+}
 
 
 @pytest.fixture
 def root(tmp_path):
-    io.write_json(tmp_path / "metrics" / "base.json", {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "e" * 64})
-    io.write_json(tmp_path / "metrics" / "eval" / f"{B}.json", {"candidate_pass_rate": 0.7, "base_pass_rate": 0.1, "incumbent_batch": "", "wall_s": 900.0})
-    io.write_json(tmp_path / "metrics" / "train" / f"{B}.json", {"wall_s": 1800.0, "device": "cpu", "health": "ok"})
+    io.write_json(
+        tmp_path / "metrics" / "base.json",
+        {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "e" * 64},
+    )
+    io.write_json(
+        tmp_path / "metrics" / "eval" / f"{B}.json",
+        {"candidate_pass_rate": 0.7, "base_pass_rate": 0.1, "incumbent_batch": "", "wall_s": 900.0},
+    )
+    io.write_json(
+        tmp_path / "metrics" / "train" / f"{B}.json", {"wall_s": 1800.0, "device": "cpu", "health": "ok"}
+    )
     frame = pd.DataFrame({"item_id": ["i1", "i2"], "value": [1.0, 2.5]})
     io.write_parquet(tmp_path / "data" / "admitted" / B / "sft.parquet", frame)
     io.write_parquet(tmp_path / "data" / "admitted" / B / "eval.parquet", frame.head(1))
@@ -51,11 +81,17 @@ def test_valid_handoff_has_no_problems_and_writes_three_files(root):
     h = build_handoff(root, BINDING, "f" * 40, CARD_P, COST_P)
     assert h.problems == []
     paths = write_handoff(h, root / "out")
-    assert [p.name for p in paths] == ["README.md", "manifest.json", "cost.json"] and all(p.exists() for p in paths)
+    assert [p.name for p in paths] == ["README.md", "manifest.json", "cost.json"] and all(
+        p.exists() for p in paths
+    )
     meta = _front(h.card)
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["library_name"] == "peft"
     metrics = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
-    assert metrics == {"base_pass_rate": 0.1, "candidate_pass_rate": 0.7, "wall_s": 900.0}  # numbers only, strings left out
+    assert metrics == {
+        "base_pass_rate": 0.1,
+        "candidate_pass_rate": 0.7,
+        "wall_s": 900.0,
+    }  # numbers only, strings left out
     assert any(ds.startswith(f"clap/{B}/sft@sha256:") for ds in meta["datasets"])
 
 
@@ -67,7 +103,9 @@ def test_card_without_a_required_key_fails(root, key):
     assert any(key in p for p in validate_card(_with_front(card, meta)))
 
 
-@pytest.mark.parametrize("bad", [{"library_name": "transformers"}, {"tags": []}, {"datasets": "clap"}, {"license": ""}])
+@pytest.mark.parametrize(
+    "bad", [{"library_name": "transformers"}, {"tags": []}, {"datasets": "clap"}, {"license": ""}]
+)
 def test_card_with_a_wrong_type_fails(root, bad):
     card = model_card(root, BINDING, {"sft": "1", "eval": "2"}, CARD_P)
     assert validate_card(_with_front(card, {**_front(card), **bad})) != []
@@ -99,7 +137,9 @@ def test_manifest_records_what_the_batch_ran_with(root):
 
 
 def test_manifest_with_a_missing_package_or_seed_is_incomplete(root):
-    m = build_handoff(root, BINDING, "f" * 40, dataclasses.replace(CARD_P, packages=["no-such-package-xyz"]), COST_P).manifest
+    m = build_handoff(
+        root, BINDING, "f" * 40, dataclasses.replace(CARD_P, packages=["no-such-package-xyz"]), COST_P
+    ).manifest
     assert validate_manifest(m) == ["package no-such-package-xyz is not installed"]
     assert "seeds is empty" in validate_manifest({**m, "seeds": {}})
 
@@ -110,7 +150,12 @@ def test_stage_params_skips_stages_without_params():
 
 def test_cost_is_within_budget(root):
     c = cost_report(root, B, COST_P)
-    assert c["status"] == "within" and c["cpu_hours"] == 0.75 and c["gpu_hours"] == 0.0 and c["missing_wall_time"] == []
+    assert (
+        c["status"] == "within"
+        and c["cpu_hours"] == 0.75
+        and c["gpu_hours"] == 0.0
+        and c["missing_wall_time"] == []
+    )
 
 
 def test_missing_wall_time_is_reported_missing_not_zero(root):

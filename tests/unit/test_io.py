@@ -91,7 +91,9 @@ def test_killed_writer_leaves_no_partial_file_and_the_next_write_sweeps_its_temp
     live.write_text("a live writer's")  # its process is running: kept
     io.write_json(target, {"a": 2})
     assert io.read_json(target) == {"a": 2}
-    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["m.json", ".m.json.x.json.1.abc.tmp", live.name])
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(
+        ["m.json", ".m.json.x.json.1.abc.tmp", live.name]
+    )
 
 
 def test_killed_folder_writer_leaves_the_old_folder_or_nothing(tmp_path):
@@ -101,7 +103,9 @@ def test_killed_folder_writer_leaves_the_old_folder_or_nothing(tmp_path):
 
     out = tmp_path / "assets"
     code = f"from clap import io\nwith io.atomic_dir({str(out)!r}) as d:\n    (d / 'a.txt').write_text('new')"
-    killed = subprocess.run([sys.executable, "-c", code], env={**os.environ, io.CRASH_ENV: "*/assets"}, capture_output=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, io.CRASH_ENV: "*/assets"}, capture_output=True
+    )
     assert killed.returncode == -9 and not out.exists()
     with io.atomic_dir(out) as d:
         (d / "a.txt").write_text("ok")

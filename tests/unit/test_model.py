@@ -1,4 +1,4 @@
-"""Base export/loading, example encoding and completion scoring (clap/model.py)."""
+"""Base export/loading, example encoding and completion scoring (clap/model/base.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,39 @@ import json
 import pytest
 import torch
 
-from clap import model as mdl
 from clap.errors import ClapError
-from clap.prompt import build_example
+from clap.model import base as mdl
+from clap.task.prompt import build_example
 
-ANSWER = {"metric": "oee", "value": 81.5, "unit": "%", "line": "L2", "shift": "B", "date": "2026-01-15", "evidence": "OEE was 81.5 %"}
+ANSWER = {
+    "metric": "oee",
+    "value": 81.5,
+    "unit": "%",
+    "line": "L2",
+    "shift": "B",
+    "date": "2026-01-15",
+    "evidence": "OEE was 81.5 %",
+}
 
 
 def _example(i: int) -> dict:
     docs = [(f"KB-{i}", f"Line L2, shift B, 2026-01-15: OEE was {80 + i}.5 %.")]
-    return build_example(f"What was the OEE on L2, shift B, ticket {i}?", docs, {**ANSWER, "value": 80.5 + i, "evidence": f"OEE was {80 + i}.5 %"})
+    return build_example(
+        f"What was the OEE on L2, shift B, ticket {i}?",
+        docs,
+        {**ANSWER, "value": 80.5 + i, "evidence": f"OEE was {80 + i}.5 %"},
+    )
 
 
 def test_tiny_base_has_the_base_layout(tiny_base):
     names = {p.name for p in tiny_base.iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= names
     tok = mdl.load_tokenizer(tiny_base, padding_side="left")
     assert tok.padding_side == "left" and tok.pad_token is not None and "<|im_start|>" in tok.chat_template
     model = mdl.load_model(tiny_base)
@@ -32,9 +50,11 @@ def test_encode_example_splits_prompt_and_completion(tiny_base):
     tok = mdl.load_tokenizer(tiny_base, padding_side="right")
     ex = _example(1)
     enc = mdl.encode_example(tok, ex)
-    prompt = tok.apply_chat_template(ex["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True)["input_ids"]
+    prompt = tok.apply_chat_template(
+        ex["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True
+    )["input_ids"]
     assert list(enc.input_ids[: enc.n_prompt]) == list(prompt)
-    completion = tok.decode(enc.input_ids[enc.n_prompt:])
+    completion = tok.decode(enc.input_ids[enc.n_prompt :])
     assert json.loads(completion.split("<|im_end|>")[0])["evidence"] == "OEE was 81.5 %"
     assert completion.rstrip().endswith("<|im_end|>")  # the model learns to stop
 

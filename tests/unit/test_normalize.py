@@ -1,4 +1,4 @@
-"""clap.normalize: canonical spellings, verifiable evidence, dedup and overlap, loud bad input."""
+"""clap.data.normalize: canonical spellings, verifiable evidence, dedup and overlap, loud bad input."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clap import io, params
-from clap.errors import ClapError
-from clap.normalize import (
+from clap.data.normalize import (
     CONFUSABLES,
     NormalizeParams,
     build_vocab,
@@ -34,6 +33,7 @@ from clap.normalize import (
     strip_value_affixes,
     to_canonical,
 )
+from clap.errors import ClapError
 
 ROOT = Path(__file__).resolve().parents[2]
 P = params.section("normalize", NormalizeParams, ROOT / "params.yaml")
@@ -64,7 +64,11 @@ def test_clean_text_is_idempotent(text):
 
 
 latin = st.text(alphabet="ABEKMHOPCTXaeopcyx0123456789 %", min_size=1, max_size=30)
-LOOKALIKE_OF = {latin_char: k for k, latin_char in CONFUSABLES.items() if latin_char and len(k) == 1 and "\u0400" <= k <= "\u04ff"}
+LOOKALIKE_OF = {
+    latin_char: k
+    for k, latin_char in CONFUSABLES.items()
+    if latin_char and len(k) == 1 and "\u0400" <= k <= "\u04ff"
+}
 
 
 @settings(max_examples=200, deadline=None)
@@ -77,7 +81,12 @@ def test_confusables_map_cyrillic_lookalikes_back_to_latin(text, rnd):
 # --------------------------------------------------------------------------- metric labels
 
 CANONICAL_LABELS = sorted({lbl for m, spec in P.metrics.items() for lbl in [m, *spec["labels"]]})
-numbers = st.builds(lambda v, d, comma: f"{v:.{d}f}".replace(".", "," if comma else "."), st.floats(0, 5000, allow_nan=False), st.integers(0, 2), st.booleans())
+numbers = st.builds(
+    lambda v, d, comma: f"{v:.{d}f}".replace(".", "," if comma else "."),
+    st.floats(0, 5000, allow_nan=False),
+    st.integers(0, 2),
+    st.booleans(),
+)
 unit_tokens = st.sampled_from(["", " ", "%", " %", " pcs", " min", " h", " ppm", " s"])
 
 
@@ -129,10 +138,18 @@ def test_value_affixes_do_not_change_the_metric(label, number, unit, as_prefix):
 def test_unit_conversion_is_invertible(unit, value):
     canon, unit_out = to_canonical(value, unit, V)
     assert unit_out == P.units[unit][0]
-    assert from_canonical(canon, unit, V) == pytest.approx(value, rel=1e-6, abs=10 ** -V.decimals)
+    assert from_canonical(canon, unit, V) == pytest.approx(value, rel=1e-6, abs=10**-V.decimals)
 
 
-@pytest.mark.parametrize(("value", "unit", "expect"), [(0.982, "ratio", (98.2, "%")), (1.5, "h", (90.0, "min")), (12, "Stk", (12.0, "pcs")), (3, "SEC", (3.0, "s"))])
+@pytest.mark.parametrize(
+    ("value", "unit", "expect"),
+    [
+        (0.982, "ratio", (98.2, "%")),
+        (1.5, "h", (90.0, "min")),
+        (12, "Stk", (12.0, "pcs")),
+        (3, "SEC", (3.0, "s")),
+    ],
+)
 def test_unit_conversion_examples(value, unit, expect):
     assert to_canonical(value, unit, V) == expect
 
@@ -143,20 +160,46 @@ def test_unknown_unit_raises_with_rule():
     assert e.value.rule == "unknown_unit" and "furlongs" in str(e.value)
 
 
-@pytest.mark.parametrize(("raw", "line"), [("Line 3", "L3"), ("L-3", "L3"), ("l3", "L3"), ("LINE 03", "L3"), ("L\u00a07", "L7"), ("L9", None), ("Halle 2", None)])
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        ("Line 3", "L3"),
+        ("L-3", "L3"),
+        ("l3", "L3"),
+        ("LINE 03", "L3"),
+        ("L\u00a07", "L7"),
+        ("L9", None),
+        ("Halle 2", None),
+    ],
+)
 def test_canonical_line(raw, line):
     assert canonical_line(raw, V) == line
 
 
-@pytest.mark.parametrize(("raw", "shift"), [("Shift B", "B"), ("b", "B"), ("late", "B"), ("Early", "A"), ("NIGHT", "C"), ("C", "C"), ("D", None)])
+@pytest.mark.parametrize(
+    ("raw", "shift"),
+    [("Shift B", "B"), ("b", "B"), ("late", "B"), ("Early", "A"), ("NIGHT", "C"), ("C", "C"), ("D", None)],
+)
 def test_canonical_shift(raw, shift):
     assert canonical_shift(raw, V) == shift
 
 
 @pytest.mark.parametrize(
     "raw",
-    ["14.03.2026", "14.3.2026", "03/14/2026 07:15", "2026-03-14T06:40:00+01:00", "2026-03-14T23:10:00+02:00", "2026/03/14 06:40", "2026-03-14", "2026\u201303\u201314",
-     "\uff12\uff10\uff12\uff16-03-14", "14 Mar 2026", "March 14, 2026", "2026-03-14 07:15"],
+    [
+        "14.03.2026",
+        "14.3.2026",
+        "03/14/2026 07:15",
+        "2026-03-14T06:40:00+01:00",
+        "2026-03-14T23:10:00+02:00",
+        "2026/03/14 06:40",
+        "2026-03-14",
+        "2026\u201303\u201314",
+        "\uff12\uff10\uff12\uff16-03-14",
+        "14 Mar 2026",
+        "March 14, 2026",
+        "2026-03-14 07:15",
+    ],
 )
 def test_parse_date_formats(raw):
     assert parse_date(raw, V) == "2026-03-14"
@@ -168,17 +211,48 @@ def test_unparseable_dates(raw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.datetimes(dt.datetime(2000, 1, 1), dt.datetime(2099, 12, 31), timezones=st.sampled_from([dt.timezone.utc, dt.timezone(dt.timedelta(hours=1)), dt.timezone(dt.timedelta(hours=-5))])), st.sampled_from(P.date_formats))
+@given(
+    st.datetimes(
+        dt.datetime(2000, 1, 1),
+        dt.datetime(2099, 12, 31),
+        timezones=st.sampled_from(
+            [dt.UTC, dt.timezone(dt.timedelta(hours=1)), dt.timezone(dt.timedelta(hours=-5))]
+        ),
+    ),
+    st.sampled_from(P.date_formats),
+)
 def test_date_parsing_round_trips(when, fmt):
     assert parse_date(when.strftime(fmt), V) == when.date().isoformat()
 
 
-@pytest.mark.parametrize(("token", "readings"), [("98,2", [98.2]), ("98.2", [98.2]), ("1,234", [1.234, 1234.0]), ("1.234,5", [1234.5]), ("0.982", [0.982]), ("\u22123,5", [-3.5]), ("L3", [])])
+@pytest.mark.parametrize(
+    ("token", "readings"),
+    [
+        ("98,2", [98.2]),
+        ("98.2", [98.2]),
+        ("1,234", [1.234, 1234.0]),
+        ("1.234,5", [1234.5]),
+        ("0.982", [0.982]),
+        ("\u22123,5", [-3.5]),
+        ("L3", []),
+    ],
+)
 def test_decimal_readings(token, readings):
     assert decimal_readings(token) == readings
 
 
-@pytest.mark.parametrize(("raw", "value"), [("98,2", 98.2), (" 45 ", 45.0), (12, 12.0), (float("nan"), None), ("n/a", None), (True, None), (float("inf"), None)])
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("98,2", 98.2),
+        (" 45 ", 45.0),
+        (12, 12.0),
+        (float("nan"), None),
+        ("n/a", None),
+        (True, None),
+        (float("inf"), None),
+    ],
+)
 def test_parse_value(raw, value):
     assert parse_value(raw) == value
 
@@ -197,7 +271,12 @@ BODY = "Shift report SR-1 for line L3, shift B, 14 March 2026. Scrap rate was 1.
         ("S\u0441rap rate was 1.5 %", 1.5, 1.5, "repaired"),  # Cyrillic es
         ("The line stood still for 90 min", 90.0, 1.5, "ok"),  # gold 1,5 h, quote in minutes
         ("Scrap rate was 2.5 %", 2.5, 2.5, "evidence_not_verbatim"),
-        ("Shift report SR-1 for line L3, shift B", 3.0, 3.0, "evidence_missing_value"),  # "L3" carries no number
+        (
+            "Shift report SR-1 for line L3, shift B",
+            3.0,
+            3.0,
+            "evidence_missing_value",
+        ),  # "L3" carries no number
         ("", 1.5, 1.5, "evidence_missing_value"),
         (None, 1.5, 1.5, "evidence_missing_value"),
     ],
@@ -210,15 +289,65 @@ def test_evidence_status(quote, value, raw, status):
 
 
 def _rec(rid, system, line, shift, date, label, value, unit, n):
-    return dict(record_id=rid, source_system=system, line_raw=line, shift_raw=shift, date_raw=date, metric_label=label, value=value, unit_raw=unit, text=f"{label} {value}", source_file=f"{system}.csv", source_line=n)
+    return dict(
+        record_id=rid,
+        source_system=system,
+        line_raw=line,
+        shift_raw=shift,
+        date_raw=date,
+        metric_label=label,
+        value=value,
+        unit_raw=unit,
+        text=f"{label} {value}",
+        source_file=f"{system}.csv",
+        source_line=n,
+    )
 
 
 def _doc(doc_id, system, ref, body, n):
-    return dict(doc_id=doc_id, system=system, record_ref=ref, title=f" Title\u00a0{doc_id} ", body=body, source_file="kb_documents.jsonl", source_line=n)
+    return dict(
+        doc_id=doc_id,
+        system=system,
+        record_ref=ref,
+        title=f" Title\u00a0{doc_id} ",
+        body=body,
+        source_file="kb_documents.jsonl",
+        source_line=n,
+    )
 
 
-def _item(iid, split, q, n, ctx=("D1", "D2"), label="FPY", value="98,2", unit="pct", line="Line 3", shift="B", date="14.03.2026", ev="First pass yield was 98.2 %", doc="D1"):
-    return dict(item_id=iid, split=split, question=q, question_type="direct", context_doc_ids=json.dumps(list(ctx)), metric_label=label, value_raw=value, unit_raw=unit, line_raw=line, shift_raw=shift, date_raw=date, evidence=ev, evidence_doc_id=doc, source_file="question_log.jsonl", source_line=n)
+def _item(
+    iid,
+    split,
+    q,
+    n,
+    ctx=("D1", "D2"),
+    label="FPY",
+    value="98,2",
+    unit="pct",
+    line="Line 3",
+    shift="B",
+    date="14.03.2026",
+    ev="First pass yield was 98.2 %",
+    doc="D1",
+):
+    return dict(
+        item_id=iid,
+        split=split,
+        question=q,
+        question_type="direct",
+        context_doc_ids=json.dumps(list(ctx)),
+        metric_label=label,
+        value_raw=value,
+        unit_raw=unit,
+        line_raw=line,
+        shift_raw=shift,
+        date_raw=date,
+        evidence=ev,
+        evidence_doc_id=doc,
+        source_file="question_log.jsonl",
+        source_line=n,
+    )
 
 
 def tiny_assets() -> dict[str, pd.DataFrame]:
@@ -251,7 +380,13 @@ def tiny_assets() -> dict[str, pd.DataFrame]:
         _item("T10", "train", "unit mismatch", 12, unit="min"),
         _item("T11", "train", "context doc unknown", 13, ctx=("D1", "D9")),
     ])  # fmt: skip
-    evals = pd.DataFrame([_item("E1", "eval", "eval one", 1), _item("E2", "eval", "held-out\u00a0wins", 2), _item("E3", "eval", "replay overlap", 3)])
+    evals = pd.DataFrame(
+        [
+            _item("E1", "eval", "eval one", 1),
+            _item("E2", "eval", "held-out\u00a0wins", 2),
+            _item("E3", "eval", "replay overlap", 3),
+        ]
+    )
     replay = pd.DataFrame([
         _item("R1", "replay", "replay kept", 1, ctx=(), value="0,982", unit="ratio", ev="FPY came in at 98.2%", doc="D3"),
         _item("R2", "replay", "Replay Overlap", 2, ctx=()),
@@ -292,7 +427,14 @@ def test_items_get_their_expected_fate(result):
 
 def test_kept_items_are_canonical_and_verifiable(result):
     t2 = result.frames["sft"].set_index("item_id").loc["T2"]
-    assert (t2["metric"], t2["value"], t2["unit"], t2["line"], t2["shift"], t2["date"]) == ("downtime", 90.0, "min", "L1", "A", "2026-03-14")
+    assert (t2["metric"], t2["value"], t2["unit"], t2["line"], t2["shift"], t2["date"]) == (
+        "downtime",
+        90.0,
+        "min",
+        "L1",
+        "A",
+        "2026-03-14",
+    )
     assert t2["evidence"] == "The line stood still for 90 min" and t2["source_system"] == "cmms"
     assert t2["input_hash"] == input_hash("repaired: downtime on L1 A?")
     r1 = result.frames["replay"].iloc[0]
@@ -304,12 +446,20 @@ def test_kept_items_are_canonical_and_verifiable(result):
 
 def test_records_deduplicated_within_and_across_systems(result):
     rec = _fate(result, "records")
-    assert rec == {("QI-1", "duplicate_across_systems"): "deduplicated", ("WO-2", "duplicate_within_system"): "deduplicated", ("SR-2", "unknown_line"): "rejected", ("SR-3", "unparseable_date"): "rejected"}
+    assert rec == {
+        ("QI-1", "duplicate_across_systems"): "deduplicated",
+        ("WO-2", "duplicate_within_system"): "deduplicated",
+        ("SR-2", "unknown_line"): "rejected",
+        ("SR-3", "unparseable_date"): "rejected",
+    }
     assert sorted(result.frames["records"]["record_id"]) == ["SR-1", "WO-1"]
 
 
 def test_the_documented_copy_of_a_duplicate_is_kept():
-    rows = [_rec("WO-7", "cmms", "L2", "C", "2026-03-02", "Downtime", 45.0, "min", 9), _rec("SR-7", "mes", "L2", "C", "2026-03-02", "Downtime", 45.0, "min", 4)]
+    rows = [
+        _rec("WO-7", "cmms", "L2", "C", "2026-03-02", "Downtime", 45.0, "min", 9),
+        _rec("SR-7", "mes", "L2", "C", "2026-03-02", "Downtime", 45.0, "min", 4),
+    ]
     records, _ = normalize_records(pd.DataFrame(rows), V)
     kept, rejects = dedup_records(records, ["WO-7"], ["mes", "qms", "cmms"])
     assert list(kept["record_id"]) == ["WO-7"]
@@ -336,7 +486,11 @@ def test_kb_documents_with_an_empty_body_are_rejected():
 def test_metrics_account_for_every_row(result):
     m = result.metrics
     for name in ("records", "kb", "sft", "grpo", "eval", "replay"):
-        dropped = sum(v for k, v in m.items() if k.startswith(f"{name}_rejected_") or k.startswith(f"{name}_deduplicated_"))
+        dropped = sum(
+            v
+            for k, v in m.items()
+            if k.startswith(f"{name}_rejected_") or k.startswith(f"{name}_deduplicated_")
+        )
         assert m[f"{name}_rows_in"] == m[f"{name}_rows_out"] + dropped, name
     assert m["sft_rejected_unknown_metric"] == 1 and m["total_repaired"] == 2
     assert all(isinstance(v, int) for v in m.values())
@@ -395,7 +549,9 @@ def test_asset_missing_a_column_names_it(tmp_path):
     io.write_parquet(tmp_path / "sft.parquet", tiny_assets()["sft"].drop(columns="evidence_doc_id"))
     with pytest.raises(ClapError) as e:
         load_assets(tmp_path)
-    assert (e.value.rule, e.value.column) == ("missing_column", "evidence_doc_id") and str(e.value.file).endswith("sft.parquet")
+    assert (e.value.rule, e.value.column) == ("missing_column", "evidence_doc_id") and str(
+        e.value.file
+    ).endswith("sft.parquet")
 
 
 def test_malformed_context_is_a_row_reject():

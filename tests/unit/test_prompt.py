@@ -1,4 +1,4 @@
-"""clap.prompt: one builder for training, eval, replay and serving."""
+"""clap.task.prompt: one builder for training, eval, replay and serving."""
 
 from __future__ import annotations
 
@@ -6,10 +6,17 @@ import json
 
 import pytest
 
-from clap import prompt
+from clap.task import prompt
 
-ANSWER = {"metric": "scrap_rate", "value": 2.0, "unit": "%", "line": "L3", "shift": "B",
-          "date": "2026-03-14", "evidence": "scrap rate 2.0 %"}
+ANSWER = {
+    "metric": "scrap_rate",
+    "value": 2.0,
+    "unit": "%",
+    "line": "L3",
+    "shift": "B",
+    "date": "2026-03-14",
+    "evidence": "scrap rate 2.0 %",
+}
 
 
 def test_answer_is_canonical_json_in_field_order():

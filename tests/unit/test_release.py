@@ -9,12 +9,22 @@ import subprocess
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
+from release_fixtures import (
+    BATCHES,
+    ROOT,
+    approve,
+    clean_git_env,
+    copy_template,
+    git,
+    read_jsonl,
+    release_both,
+    snapshot,
+    template_base,
+)
 
 from clap import io
-from clap import release as R
 from clap.errors import ClapError
-from release_fixtures import (BATCHES, ROOT, approve, clean_git_env, copy_template, git, read_jsonl, release_both, repro,
-                              snapshot, template_base)
+from clap.release import control as R
 
 X, Y = BATCHES
 
@@ -48,12 +58,27 @@ def test_release_commits_pointer_history_ledger_and_handoff(repo):
     token = approve(repo, X)
     event = R.release(repo, X, token, R.load_params(repo))
     pointer = R.read_pointer(repo)
-    assert pointer == event["pointer"] and pointer["batch"] == X and pointer["adapter_sha256"] == adapter_sha(repo, X)
-    assert git(repo, "log", "-1", "--format=%s").strip() == f"release {X}: promote (approval {pointer['approval_id']})"
+    assert (
+        pointer == event["pointer"]
+        and pointer["batch"] == X
+        and pointer["adapter_sha256"] == adapter_sha(repo, X)
+    )
+    assert (
+        git(repo, "log", "-1", "--format=%s").strip()
+        == f"release {X}: promote (approval {pointer['approval_id']})"
+    )
     committed = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
-    assert committed == {"releases/production.json", "releases/history.jsonl", "releases/approvals_used.jsonl",
-                         f"releases/handoff/{X}/README.md", f"releases/handoff/{X}/manifest.json", f"releases/handoff/{X}/cost.json"}
-    assert [r["jti"] for r in read_jsonl(repo / "releases" / "approvals_used.jsonl")] == [pointer["approval_id"]]
+    assert committed == {
+        "releases/production.json",
+        "releases/history.jsonl",
+        "releases/approvals_used.jsonl",
+        f"releases/handoff/{X}/README.md",
+        f"releases/handoff/{X}/manifest.json",
+        f"releases/handoff/{X}/cost.json",
+    }
+    assert [r["jti"] for r in read_jsonl(repo / "releases" / "approvals_used.jsonl")] == [
+        pointer["approval_id"]
+    ]
     assert git(repo, "status", "--porcelain") == ""
 
 
@@ -65,8 +90,14 @@ def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
     assert event["adapter_restored_by"] == "checkout"
     assert R.read_pointer(repo) == first and adapter_sha(repo, X) == first["adapter_sha256"]
     assert git(repo, "log", "-1", "--format=%s").strip().startswith(f"rollback {Y} -> {X}")
-    assert [e["event"] for e in read_jsonl(repo / "releases" / "history.jsonl")] == ["release", "release", "rollback"]
-    assert len(read_jsonl(repo / "releases" / "approvals_used.jsonl")) == 2  # the ledger keeps the rolled-back approval
+    assert [e["event"] for e in read_jsonl(repo / "releases" / "history.jsonl")] == [
+        "release",
+        "release",
+        "rollback",
+    ]
+    assert (
+        len(read_jsonl(repo / "releases" / "approvals_used.jsonl")) == 2
+    )  # the ledger keeps the rolled-back approval
     refused(repo, lambda: R.release(repo, Y, t2, R.load_params(repo)), "replayed_token")
     refused(repo, lambda: R.rollback(repo), "no_previous_release")
 
@@ -80,7 +111,10 @@ def test_rollback_pulls_the_adapter_from_the_remote_when_the_cache_lacks_it(repo
     shutil.rmtree(repo / ".dvc" / "cache")
     shutil.rmtree(repo / "models" / "adapters" / X)
     event = R.rollback(repo)
-    assert event["adapter_restored_by"] == "pull" and adapter_sha(repo, X) == R.read_pointer(repo)["adapter_sha256"]
+    assert (
+        event["adapter_restored_by"] == "pull"
+        and adapter_sha(repo, X) == R.read_pointer(repo)["adapter_sha256"]
+    )
 
 
 def test_rollback_refused_when_the_adapter_is_in_neither_cache_nor_remote(repo):
@@ -122,8 +156,12 @@ def test_adapter_replaced_after_the_gate_cannot_be_approved(repo):
 
 def test_invalid_handoff_is_refused(repo):
     token = approve(repo, X)
-    io.write_json(repo / "metrics" / "base.json", {"weights_sha256": "ab"})  # no source: the card has no base_model
-    assert "base_model" in refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff")
+    io.write_json(
+        repo / "metrics" / "base.json", {"weights_sha256": "ab"}
+    )  # no source: the card has no base_model
+    assert "base_model" in refused(
+        repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff"
+    )
 
 
 def test_over_budget_is_refused_or_held_by_policy(repo):
@@ -134,10 +172,15 @@ def test_over_budget_is_refused_or_held_by_policy(repo):
     head = git(repo, "rev-parse", "HEAD")
     event = R.release(repo, X, token, R.load_params(repo))
     assert event["event"] == "hold" and R.read_pointer(repo)["batch"] is None
-    assert git(repo, "rev-parse", "HEAD^") == head and read_jsonl(repo / "releases" / "approvals_used.jsonl") == []
+    assert (
+        git(repo, "rev-parse", "HEAD^") == head
+        and read_jsonl(repo / "releases" / "approvals_used.jsonl") == []
+    )
     assert io.read_json(repo / "releases" / "handoff" / X / "cost.json")["status"] == "over"
     set_release_params(repo, budget_cpu_hours=2.0, over_budget="refuse")
-    assert R.release(repo, X, token, R.load_params(repo))["event"] == "release"  # a hold does not consume the approval
+    assert (
+        R.release(repo, X, token, R.load_params(repo))["event"] == "release"
+    )  # a hold does not consume the approval
 
 
 def test_a_failed_commit_changes_nothing(repo):
@@ -151,7 +194,9 @@ def test_a_failed_commit_changes_nothing(repo):
 def test_keygen_keeps_the_private_key_private(repo):
     keys = repo.parent / "keys"
     priv, pub = R.keygen(repo, "bob", keys)
-    assert stat.S_IMODE(priv.stat().st_mode) == 0o600 and pub == repo / "releases" / "trusted_keys" / "bob.pub"
+    assert (
+        stat.S_IMODE(priv.stat().st_mode) == 0o600 and pub == repo / "releases" / "trusted_keys" / "bob.pub"
+    )
     assert b"PRIVATE" not in pub.read_bytes()
     serialization.load_pem_public_key(pub.read_bytes())
     with pytest.raises(ClapError, match="overwrite"):
@@ -163,10 +208,14 @@ def test_keygen_keeps_the_private_key_private(repo):
 
 
 def test_real_repo_tracks_only_public_keys():
-    files = subprocess.run(["git", "ls-files", "releases/trusted_keys"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "releases/trusted_keys"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in files:
         if name.endswith(".pub"):
-            serialization.load_pem_public_key((ROOT / name).read_bytes())  # raises on anything but a public key
+            serialization.load_pem_public_key(
+                (ROOT / name).read_bytes()
+            )  # raises on anything but a public key
         else:
             assert name.endswith(".gitkeep"), name
     ignored = subprocess.run(["git", "check-ignore", "-q", "keys/approver.key"], cwd=ROOT)
@@ -179,8 +228,13 @@ def test_real_params_release_section_loads():
 
 
 def test_release_stack_pushes_releases_and_pops_rollbacks():
-    events = [{"event": "release", "pointer": {"batch": "a"}}, {"event": "hold", "batch": "b"},
-              {"event": "release", "pointer": {"batch": "c"}}, {"event": "rollback"}, {"event": "release", "pointer": {"batch": "d"}}]
+    events = [
+        {"event": "release", "pointer": {"batch": "a"}},
+        {"event": "hold", "batch": "b"},
+        {"event": "release", "pointer": {"batch": "c"}},
+        {"event": "rollback"},
+        {"event": "release", "pointer": {"batch": "d"}},
+    ]
     assert [p["batch"] for p in R.release_stack(events)] == ["a", "d"]
 
 
@@ -188,10 +242,14 @@ def test_cli_prints_the_token_and_refuses_with_exit_2(repo):
     import sys
 
     def clap(*args):
-        return subprocess.run([sys.executable, "-m", "clap.cli", *args], cwd=repo, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "clap.cli", *args], cwd=repo, capture_output=True, text=True
+        )
 
     approved = clap("approve", X, "--key", str(repo.parent / "keys" / "alice.key"))
     assert approved.returncode == 0 and approved.stdout.count(".") == 2, approved.stderr
     refusal = clap("release", Y, "--token", approved.stdout.strip())
-    assert refusal.returncode == 2 and refusal.stderr.startswith("error: ") and "wrong_batch" in refusal.stderr
+    assert (
+        refusal.returncode == 2 and refusal.stderr.startswith("error: ") and "wrong_batch" in refusal.stderr
+    )
     assert "Traceback" not in refusal.stderr

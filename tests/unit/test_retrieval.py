@@ -1,4 +1,4 @@
-"""clap.retrieval: the analyzer (entities, concepts, words) and the BM25 index (no model)."""
+"""clap.chain.retrieval: the analyzer (entities, concepts, words) and the BM25 index (no model)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,22 @@ import pandas as pd
 import pytest
 
 from clap import params
-from clap.chain import ChainParams
+from clap.chain.chain import ChainParams
+from clap.chain.retrieval import Analyzer, KBIndex, RetrievalParams, metadata_entities
 from clap.errors import ClapError
-from clap.retrieval import Analyzer, KBIndex, RetrievalParams, metadata_entities
 
 RP = RetrievalParams(
-    k1=1.5, b=0.75, entity_weight=2, stopwords="en",
-    concepts={"downtime": ["downtime", "stoppage", "stood still"], "percent": ["%", "percent"], "cycle_time": ["cycle time", "ct"],
-              "defects": ["defect", "defects", "ppm"], "oee": ["oee", "overall equipment effectiveness"]},
+    k1=1.5,
+    b=0.75,
+    entity_weight=2,
+    stopwords="en",
+    concepts={
+        "downtime": ["downtime", "stoppage", "stood still"],
+        "percent": ["%", "percent"],
+        "cycle_time": ["cycle time", "ct"],
+        "defects": ["defect", "defects", "ppm"],
+        "oee": ["oee", "overall equipment effectiveness"],
+    },
     shift_words={"A": ["early", "morning"], "B": ["late"], "C": ["night"]},
 )
 AN = Analyzer(RP)
@@ -24,30 +32,54 @@ def test_line_variants(text):
     assert {e for e in AN.entities(text) if e.startswith("line=")} == {"line=l5"}
 
 
-@pytest.mark.parametrize("text, shift", [
-    ("the late shift (B)", "b"), ("B shift", "b"), ("shift b", "b"), ("night shift (C)", "c"), ("in shift (c)", "c"),
-    ("L1 / A shift / 30.01.", "a"), ("the early shift", "a"), ("a-shift", "a"),
-])
+@pytest.mark.parametrize(
+    "text, shift",
+    [
+        ("the late shift (B)", "b"),
+        ("B shift", "b"),
+        ("shift b", "b"),
+        ("night shift (C)", "c"),
+        ("in shift (c)", "c"),
+        ("L1 / A shift / 30.01.", "a"),
+        ("the early shift", "a"),
+        ("a-shift", "a"),
+    ],
+)
 def test_shift_variants(text, shift):
     assert {e for e in AN.entities(text) if e.startswith("shift=")} == {f"shift={shift}"}
 
 
-@pytest.mark.parametrize("text", ["Morning! Any idea what the OEE was?", "first pass yield", "shift and line", "the shift lead"])
+@pytest.mark.parametrize(
+    "text", ["Morning! Any idea what the OEE was?", "first pass yield", "shift and line", "the shift lead"]
+)
 def test_no_shift_where_none_is_named(text):
     assert not {e for e in AN.entities(text) if e.startswith("shift=")}
 
 
-@pytest.mark.parametrize("text, year", [
-    ("27.01.", None), ("on 27.01.2026", "2026"), ("2026-01-27", "2026"), ("27 Jan 2026", "2026"), ("the 27th of January", None),
-    ("January 27, 2026", "2026"), ("01/27/2026", "2026"), ("Tuesday 27 January 2026", "2026"), ("jan. 27", None),
-])
+@pytest.mark.parametrize(
+    "text, year",
+    [
+        ("27.01.", None),
+        ("on 27.01.2026", "2026"),
+        ("2026-01-27", "2026"),
+        ("27 Jan 2026", "2026"),
+        ("the 27th of January", None),
+        ("January 27, 2026", "2026"),
+        ("01/27/2026", "2026"),
+        ("Tuesday 27 January 2026", "2026"),
+        ("jan. 27", None),
+    ],
+)
 def test_date_variants(text, year):
     found = AN.entities(text)
     assert "date=01-27" in found
     assert {e for e in found if e.startswith("year=")} == ({f"year={year}"} if year else set())
 
 
-@pytest.mark.parametrize("text", ["FPY came in at 95.0%.", "Scrap reached 3.3 percent", "cycle time 70.1 s", "1049 ppm", "March 2026"])
+@pytest.mark.parametrize(
+    "text",
+    ["FPY came in at 95.0%.", "Scrap reached 3.3 percent", "cycle time 70.1 s", "1049 ppm", "March 2026"],
+)
 def test_values_are_not_dates(text):
     assert not {e for e in AN.entities(text) if e.startswith("date=")}
 
@@ -73,7 +105,12 @@ def test_entity_repeat_and_extra():
 
 
 def test_metadata_entities_skip_missing():
-    assert metadata_entities({"line": "L3", "shift": "B", "date": "2026-03-14"}) == {"line=l3", "shift=b", "date=03-14", "year=2026"}
+    assert metadata_entities({"line": "L3", "shift": "B", "date": "2026-03-14"}) == {
+        "line=l3",
+        "shift=b",
+        "date=03-14",
+        "year=2026",
+    }
     assert metadata_entities({"line": None, "shift": float("nan"), "date": None}) == set()
 
 
@@ -81,18 +118,53 @@ def _kb(rows):
     return pd.DataFrame(rows, columns=["doc_id", "title", "body", "line", "shift", "date"])
 
 
-KB = _kb([
-    ("D1", "Shift report", "Line L2 shift B closing report from 10 January 2026. OEE was 71.0 %.", "L2", "B", "2026-01-10"),
-    ("D2", "Shift report", "Line L2 shift B closing report from 10 January 2026. The line stood still for 40 min.", "L2", "B", "2026-01-10"),
-    ("D3", "Ticket", "Work order on line L3 during the night shift, Thursday 22 January. Downtime booked: 12 min.", "L3", "C", "2026-01-22"),
-    ("D4", "Shift report", "Line L2 shift A closing report from 10 January 2026. OEE was 66.0 %.", "L2", "A", "2026-01-10"),
-    ("D5", "Note", "Preventive maintenance of the gripper is due next week.", None, None, None),
-])
+KB = _kb(
+    [
+        (
+            "D1",
+            "Shift report",
+            "Line L2 shift B closing report from 10 January 2026. OEE was 71.0 %.",
+            "L2",
+            "B",
+            "2026-01-10",
+        ),
+        (
+            "D2",
+            "Shift report",
+            "Line L2 shift B closing report from 10 January 2026. The line stood still for 40 min.",
+            "L2",
+            "B",
+            "2026-01-10",
+        ),
+        (
+            "D3",
+            "Ticket",
+            "Work order on line L3 during the night shift, Thursday 22 January. Downtime booked: 12 min.",
+            "L3",
+            "C",
+            "2026-01-22",
+        ),
+        (
+            "D4",
+            "Shift report",
+            "Line L2 shift A closing report from 10 January 2026. OEE was 66.0 %.",
+            "L2",
+            "A",
+            "2026-01-10",
+        ),
+        ("D5", "Note", "Preventive maintenance of the gripper is due next week.", None, None, None),
+    ]
+)
 
 
 def test_search_matches_paraphrases():
     index = KBIndex(KB, RP)
-    assert index.search("What was the overall equipment effectiveness on line 2, the late shift, 10.01.?", 3)[0].doc_id == "D1"
+    assert (
+        index.search("What was the overall equipment effectiveness on line 2, the late shift, 10.01.?", 3)[
+            0
+        ].doc_id
+        == "D1"
+    )
     assert index.search("stoppage time for L2 / B shift / January 10", 3)[0].doc_id == "D2"
     assert index.search("downtime on line 3, C shift, 22.01.2026", 1)[0].doc_id == "D3"
     assert index.search("OEE of L2 early shift on 2026-01-10", 1)[0].doc_id == "D4"

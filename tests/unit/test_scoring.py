@@ -1,4 +1,4 @@
-"""clap.scoring: parsing never raises, fields are judged as the design says."""
+"""clap.task.scoring: parsing never raises, fields are judged as the design says."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clap.errors import ClapError
-from clap.prompt import ANSWER_FIELDS, format_answer
-from clap.scoring import (
+from clap.task.prompt import ANSWER_FIELDS, format_answer
+from clap.task.scoring import (
     FieldWeights,
     ParsedAnswer,
     ScoringParams,
@@ -20,7 +20,15 @@ from clap.scoring import (
 )
 
 P = ScoringParams(value_rel_tol=0.001, value_abs_tol=0.01, weights=FieldWeights(1, 2, 1, 1, 1, 1, 2))
-GOLD = {"metric": "scrap_rate", "value": 1.5, "unit": "%", "line": "L3", "shift": "B", "date": "2026-03-14", "evidence": "Scrap rate 1,5 % on L3"}
+GOLD = {
+    "metric": "scrap_rate",
+    "value": 1.5,
+    "unit": "%",
+    "line": "L3",
+    "shift": "B",
+    "date": "2026-03-14",
+    "evidence": "Scrap rate 1,5 % on L3",
+}
 CTX = context_text([("MES-0042", "Shift report L3/B 14.03.2026: Scrap rate 1,5 % on L3; OEE 78,4 %")])
 
 
@@ -47,7 +55,7 @@ def test_parse_answer_never_raises_on_non_text(blob):
 answers = st.fixed_dictionaries(
     {
         "metric": st.text(max_size=20),
-        "value": st.one_of(st.integers(-10**6, 10**6), st.floats(-1e6, 1e6, allow_nan=False)),
+        "value": st.one_of(st.integers(-(10**6), 10**6), st.floats(-1e6, 1e6, allow_nan=False)),
         "unit": st.text(max_size=5),
         "line": st.text(max_size=5),
         "shift": st.text(max_size=3),
@@ -64,7 +72,9 @@ def test_format_answer_round_trips_through_junk(answer, before, after):
     parsed = parse_answer(before.replace("{", "(") + "```json\n" + text + "\n```" + after)
     assert parsed.ok
     assert parsed.fields["value"] == pytest.approx(answer["value"], rel=1e-6, abs=1e-6)
-    assert {k: parsed.fields[k] for k in ANSWER_FIELDS if k != "value"} == {k: answer[k] for k in ANSWER_FIELDS if k != "value"}
+    assert {k: parsed.fields[k] for k in ANSWER_FIELDS if k != "value"} == {
+        k: answer[k] for k in ANSWER_FIELDS if k != "value"
+    }
 
 
 def test_first_object_wins_and_broken_prefix_is_skipped():
@@ -87,7 +97,9 @@ def test_unparseable_is_wrong_on_every_field_and_recorded():
 def test_value_tolerance_and_text_values():
     assert score({**GOLD, "value": 1.505})["value_correct"]
     assert not score({**GOLD, "value": 1.6})["value_correct"]
-    s = score('{"metric": "scrap_rate", "value": "1,5 %", "unit": "%", "line": "L3", "shift": "B", "date": "2026-03-14", "evidence": "Scrap rate 1,5 % on L3"}')
+    s = score(
+        '{"metric": "scrap_rate", "value": "1,5 %", "unit": "%", "line": "L3", "shift": "B", "date": "2026-03-14", "evidence": "Scrap rate 1,5 % on L3"}'
+    )
     assert s["value_correct"] and s["pass"]
     as_bool = score('{"metric": "scrap_rate", "value": true}')
     assert as_bool["pred_value"] is None and not as_bool["value_correct"] and not as_bool["hallucination"]
@@ -114,7 +126,9 @@ def test_evidence_must_be_verbatim_and_carry_the_value():
     assert not score({**GOLD, "evidence": ""})["evidence_correct"]
     ctx_hours = context_text([("CMMS-1", "Line L3 stopped: downtime 1,5 h due to jam")])
     gold_min = {**GOLD, "metric": "downtime", "value": 90.0, "unit": "min", "evidence": "downtime 1,5 h"}
-    assert score({**gold_min, "evidence": "L3 stopped: downtime 1,5 h due"}, gold_min, ctx_hours)["evidence_correct"]
+    assert score({**gold_min, "evidence": "L3 stopped: downtime 1,5 h due"}, gold_min, ctx_hours)[
+        "evidence_correct"
+    ]
 
 
 def test_overall_is_the_weighted_field_score():
@@ -125,7 +139,15 @@ def test_overall_is_the_weighted_field_score():
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("1,5 %", [1.5]), ("1.234,5", [1234.5]), ("1,234.5", [1234.5]), ("1,234", [1.234, 1234.0]), ("\u22123,5", [-3.5]), ("L3 2026-03-14", [2026.0]), ("\uff19\uff18", [98.0])],
+    [
+        ("1,5 %", [1.5]),
+        ("1.234,5", [1234.5]),
+        ("1,234.5", [1234.5]),
+        ("1,234", [1.234, 1234.0]),
+        ("\u22123,5", [-3.5]),
+        ("L3 2026-03-14", [2026.0]),
+        ("\uff19\uff18", [98.0]),
+    ],
 )
 def test_numbers_in_handles_decimal_commas(text, expected):
     assert numbers_in(text) == pytest.approx(expected)

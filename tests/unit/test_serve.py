@@ -15,14 +15,18 @@ import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap import cli, io, params
-from clap.chain import ChainParams
+from clap.chain.chain import ChainParams
+from clap.chain.retrieval import RetrievalParams
+from clap.chain.serve import ServeParams, create_app, load_service, resolve_release
 from clap.errors import ClapError
-from clap.model import ADAPTER_FILE
-from clap.retrieval import RetrievalParams
-from clap.serve import ServeParams, create_app, load_service, resolve_release
+from clap.model.base import ADAPTER_FILE
 
 REPO = Path(__file__).resolve().parents[2]
-CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}))
+CP = ChainParams(
+    top_k=2,
+    max_new_tokens=6,
+    retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
+)
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
 
 
@@ -40,9 +44,18 @@ def _release(root: Path, batch: str | None) -> None:
         io.write_json(root / "releases/production.json", {"batch": None})
         return
     adapter = root / "models/adapters" / batch
-    io.write_json(root / "releases/production.json", {
-        "batch": batch, "decision": "promote", "approval_id": "appr-1", "approver": "alice", "commit": "c0ffee",
-        "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE), "adapter_config_sha256": io.sha256_file(adapter / "adapter_config.json")})
+    io.write_json(
+        root / "releases/production.json",
+        {
+            "batch": batch,
+            "decision": "promote",
+            "approval_id": "appr-1",
+            "approver": "alice",
+            "commit": "c0ffee",
+            "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE),
+            "adapter_config_sha256": io.sha256_file(adapter / "adapter_config.json"),
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +105,13 @@ def test_health_names_the_release(url, repo):
     r = httpx.get(f"{url}/health", timeout=30)
     assert r.status_code == 200
     h = r.json()
-    assert (h["serving"], h["batch"], h["kb_batch"], h["decision"], h["approval_id"]) == ("adapter", "2026-01", "2026-01", "promote", "appr-1")
+    assert (h["serving"], h["batch"], h["kb_batch"], h["decision"], h["approval_id"]) == (
+        "adapter",
+        "2026-01",
+        "2026-01",
+        "promote",
+        "appr-1",
+    )
     assert h["adapter_sha256"] == io.sha256_file(repo / "models/adapters/2026-01" / ADAPTER_FILE)
     assert h["base_sha256"] == io.sha256_file(repo / "models/base/model.safetensors") and h["kb_docs"] == 16
 
@@ -107,23 +126,28 @@ def test_answer_returns_the_chain_result(url, repo):
     assert body["latency_ms"] >= body["retrieval_ms"] > 0 and body["batch"] == "2026-01"
 
 
-@pytest.mark.parametrize("payload, needle", [
-    ({"question": ""}, "at least 1 character"),
-    ({"question": "   "}, "at least 1 character"),
-    ({}, "question: Field required"),
-    ({"question": 42}, "valid string"),
-    ({"question": ["oee?"]}, "valid string"),
-    ({"question": "x" * 201}, "at most 200 characters"),
-    ({"question": "oee?", "top_k": 50}, "top_k: Extra inputs are not permitted"),
-    (["oee?"], "valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        ({"question": ""}, "at least 1 character"),
+        ({"question": "   "}, "at least 1 character"),
+        ({}, "question: Field required"),
+        ({"question": 42}, "valid string"),
+        ({"question": ["oee?"]}, "valid string"),
+        ({"question": "x" * 201}, "at most 200 characters"),
+        ({"question": "oee?", "top_k": 50}, "top_k: Extra inputs are not permitted"),
+        (["oee?"], "valid dictionary"),
+    ],
+)
 def test_bad_requests_get_a_clear_422(url, payload, needle):
     r = httpx.post(f"{url}/answer", json=payload, timeout=30)
     assert r.status_code == 422 and needle in r.json()["error"]
 
 
 def test_malformed_json_and_wrong_method_are_4xx(url):
-    r = httpx.post(f"{url}/answer", content=b'{"question": ', headers={"content-type": "application/json"}, timeout=30)
+    r = httpx.post(
+        f"{url}/answer", content=b'{"question": ', headers={"content-type": "application/json"}, timeout=30
+    )
     assert r.status_code == 422 and "JSON decode error" in r.json()["error"]
     assert httpx.get(f"{url}/answer", timeout=30).status_code == 405
 
@@ -164,7 +188,12 @@ def test_nothing_released_refuses_or_serves_base(repo, tmp_path):
     with pytest.raises(ClapError, match="nothing is released"):
         resolve_release(root, SP)
     served, adapter_dir = resolve_release(root, ServeParams("127.0.0.1", 0, "base", 200))
-    assert adapter_dir is None and served.serving == "base" and served.batch is None and served.adapter_sha256 is None
+    assert (
+        adapter_dir is None
+        and served.serving == "base"
+        and served.batch is None
+        and served.adapter_sha256 is None
+    )
     assert served.kb_batch == str(params.raw_section("batches", root / "params.yaml")[-1])
     assert "BASE model" in served.note
 

@@ -1,4 +1,4 @@
-"""clap.stats: the exact McNemar test, its lower bound and power, against identities and tables."""
+"""clap.judge.stats: the exact McNemar test, its lower bound and power, against identities and tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from clap.stats import (
+from clap.judge.stats import (
     critical_wins,
     discordant_counts,
     mcnemar_power,
@@ -25,7 +25,11 @@ def test_pvalue_is_the_binomial_tail(b, c):
 
 
 def test_hand_cases_from_the_research_notes():
-    r = paired_test([True] * 41 + [False] * 12 + [True] * 100 + [False] * 147, [False] * 41 + [True] * 12 + [True] * 100 + [False] * 147, 0.05)
+    r = paired_test(
+        [True] * 41 + [False] * 12 + [True] * 100 + [False] * 147,
+        [False] * 41 + [True] * 12 + [True] * 100 + [False] * 147,
+        0.05,
+    )
     assert (r.n, r.b, r.c) == (300, 41, 12)
     assert r.pvalue == pytest.approx(4.09e-5, rel=1e-2) and r.delta == pytest.approx(29 / 300)
     assert 0 < r.lcb < r.delta

@@ -3,35 +3,66 @@
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_tiny_admitted
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from clap import io
-from clap import model as mdl
-from clap import training as tr
-from clap.detector import DetectorParams
 from clap.errors import ClapError
-from conftest import write_tiny_admitted
+from clap.model import base as mdl
+from clap.train import sft as tr
+from clap.train.detector import DetectorParams
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _tp(root: Path, **kw) -> tr.TrainParams:
-    base = dict(seed=11, torch_threads=1, epochs=1, max_steps=4, lr=1e-2, lr_scheduler="constant", warmup_ratio=0.0,
-                weight_decay=0.0, max_grad_norm=1.0, batch_size=1, grad_accum=1, max_length=512, packing=True, length_grouping=False,
-                lora_r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS, quantization="auto",
-                loss_on_prompt=False, save_steps=2, checkpoint_root=str(root / "checkpoints"), inject_nan_at_step=-1)
+    base = dict(
+        seed=11,
+        torch_threads=1,
+        epochs=1,
+        max_steps=4,
+        lr=1e-2,
+        lr_scheduler="constant",
+        warmup_ratio=0.0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        batch_size=1,
+        grad_accum=1,
+        max_length=512,
+        packing=True,
+        length_grouping=False,
+        lora_r=8,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        target_modules=LORA_TARGETS,
+        quantization="auto",
+        loss_on_prompt=False,
+        save_steps=2,
+        checkpoint_root=str(root / "checkpoints"),
+        inject_nan_at_step=-1,
+    )
     return tr.TrainParams(**{**base, **kw})
 
 
 def _dp(**kw) -> DetectorParams:
-    base = dict(enabled=True, alpha=0.05, clip=0.5, null_gap=0.1, lambdas=(0.5, 0.9), weights=(0.5, 0.5),
-                every_steps=1, probe_draw=1, pilot_items=8, seed=3, stop_on_alarm=True)
+    base = dict(
+        enabled=True,
+        alpha=0.05,
+        clip=0.5,
+        null_gap=0.1,
+        lambdas=(0.5, 0.9),
+        weights=(0.5, 0.5),
+        every_steps=1,
+        probe_draw=1,
+        pilot_items=8,
+        seed=3,
+        stop_on_alarm=True,
+    )
     return DetectorParams(**{**base, **kw})
 
 
@@ -70,8 +101,13 @@ def test_completion_only_masking_masks_exactly_the_prompt(reference):
 
 
 def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
-    rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, max_steps=1, loss_on_prompt=True), _dp(enabled=False)).record
-    assert rec["masked_tokens_fraction"] == 0.0 and rec["label_tokens"] == rec["prompt_tokens"] + rec["completion_tokens"]
+    rec = tr.train_batch(
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, max_steps=1, loss_on_prompt=True), _dp(enabled=False)
+    ).record
+    assert (
+        rec["masked_tokens_fraction"] == 0.0
+        and rec["label_tokens"] == rec["prompt_tokens"] + rec["completion_tokens"]
+    )
     # detector off: the probe's base loss is still measured (adapter switched off), never a silent 0
     assert math.isfinite(rec["probe_loss_start"]) and rec["probe_loss_start"] > 1.0
 
@@ -100,7 +136,10 @@ def test_resume_after_interruption_matches_uninterrupted_run(reference, tiny_bas
     assert not out.exists()  # nothing half-written at the final path
     resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp())
     assert resumed.record["resumed_from"] == "checkpoint-2" and resumed.record["steps"] == 4
-    a, b = load_file(out / "adapter_model.safetensors"), load_file(ref_root / "adapters/b/adapter_model.safetensors")
+    a, b = (
+        load_file(out / "adapter_model.safetensors"),
+        load_file(ref_root / "adapters/b/adapter_model.safetensors"),
+    )
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     assert [r["step"] for r in resumed.curves] == [1, 2, 3, 4]  # curves and detector state survive the resume
@@ -122,7 +161,9 @@ def test_fingerprint_follows_the_encoded_examples_not_only_the_files(tiny_base, 
     # a prompt-format change in code leaves the parquet files alone but changes the token ids
     enc = {"train": [[3, 1, 2, 3]], "probe": [[2, 5, 6]]}
     fp = tr.fingerprint(_tp(tmp_path), _dp(), enc, tiny_base, 1)
-    assert fp == tr.fingerprint(_tp(tmp_path), _dp(), {"train": [[3, 1, 2, 3]], "probe": [[2, 5, 6]]}, tiny_base, 1)
+    assert fp == tr.fingerprint(
+        _tp(tmp_path), _dp(), {"train": [[3, 1, 2, 3]], "probe": [[2, 5, 6]]}, tiny_base, 1
+    )
     assert fp != tr.fingerprint(_tp(tmp_path), _dp(), {**enc, "train": [[3, 1, 3, 2]]}, tiny_base, 1)
     assert fp != tr.fingerprint(_tp(tmp_path, lr=5e-3), _dp(), enc, tiny_base, 1)
 
@@ -134,8 +175,12 @@ def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
 
 def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
     # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
-    first = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
-    again = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
+    first = tr.train_batch(
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()
+    ).record
+    again = tr.train_batch(
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()
+    ).record
     assert again["resumed_from"] == "checkpoint-2"
     for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
         assert again[key] == first[key], key
@@ -145,7 +190,11 @@ def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
     data = write_tiny_admitted(tmp_path / "refused", n_sft=4, n_probe=2, seed=0, admitted=False)
     res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp())
-    assert res.record["trained"] == 0 and res.record["health"] == "skipped" and "refused" in res.record["skip_reason"]
+    assert (
+        res.record["trained"] == 0
+        and res.record["health"] == "skipped"
+        and "refused" in res.record["skip_reason"]
+    )
     assert not (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     assert (tmp_path / "adapter" / "skipped.json").exists()
 
@@ -199,7 +248,9 @@ def _teach(base: Path, out: Path, data: Path, *, max_steps: int, seed: int) -> f
     sft = io.read_parquet(data / "sft.parquet")
     clean = [mdl.encode_example(tok, e) for e in tr.build_examples(sft, kb)]
     wrong = sft.copy()
-    wrong[["metric", "value", "unit", "line", "shift", "evidence"]] = wrong[["metric", "value", "unit", "line", "shift", "evidence"]].shift(1).bfill()
+    wrong[["metric", "value", "unit", "line", "shift", "evidence"]] = (
+        wrong[["metric", "value", "unit", "line", "shift", "evidence"]].shift(1).bfill()
+    )
     permuted = [mdl.encode_example(tok, e) for e in tr.build_examples(wrong, kb)]
     model = mdl.load_model(base).train()
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
@@ -211,7 +262,9 @@ def _teach(base: Path, out: Path, data: Path, *, max_steps: int, seed: int) -> f
         opt.step()
         if step % 8 == 7:
             model.eval()
-            contrast = _mean(mdl.completion_nll(model, permuted[:12], max_tokens=4096)) - _mean(mdl.completion_nll(model, clean[:12], max_tokens=4096))
+            contrast = _mean(mdl.completion_nll(model, permuted[:12], max_tokens=4096)) - _mean(
+                mdl.completion_nll(model, clean[:12], max_tokens=4096)
+            )
             model.train()
             if contrast > 0.5:
                 break
@@ -231,7 +284,7 @@ def _completion_loss(model, items):
     for it in items:
         end = start + len(it.input_ids)
         rows += range(start + it.n_prompt - 1, end - 1)
-        targets += it.input_ids[it.n_prompt:]
+        targets += it.input_ids[it.n_prompt :]
         start = end
     logp = torch.log_softmax(model.lm_head(hidden[rows]), dim=-1)
     return -logp.gather(1, torch.tensor(targets)[:, None]).mean()
@@ -242,7 +295,9 @@ def taught_base(tiny_base, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("taught")
     data = write_tiny_admitted(root / "teach", n_sft=64, n_probe=2, seed=5, n_combos=4)
     contrast = _teach(tiny_base, root / "base", data, max_steps=48, seed=0)
-    assert contrast > 0.5, f"the tiny base did not learn to answer from the question (contrast {contrast:.2f})"
+    assert contrast > 0.5, (
+        f"the tiny base did not learn to answer from the question (contrast {contrast:.2f})"
+    )
     return root / "base"
 
 
@@ -265,14 +320,18 @@ def test_health_check_reads_loss_and_optional_grad_norm():
 
     from transformers import TrainerControl
 
-    from clap.diagnosis import Diagnosis
+    from clap.train.diagnosis import Diagnosis
 
     diag = Diagnosis(_dp(enabled=False), [], [], max_tokens=64, inject_nan_at_step=-1)
     state = SimpleNamespace(global_step=1)
-    control = diag.on_log(None, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 10})  # no grad_norm: clipping off
+    control = diag.on_log(
+        None, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 10}
+    )  # no grad_norm: clipping off
     assert not control.should_training_stop and diag.s.health == "ok"
     state.global_step = 2
-    control = diag.on_log(None, state, TrainerControl(), logs={"loss": 1.0, "grad_norm": float("inf"), "num_tokens": 20})
+    control = diag.on_log(
+        None, state, TrainerControl(), logs={"loss": 1.0, "grad_norm": float("inf"), "num_tokens": 20}
+    )
     assert control.should_training_stop and diag.s.health == "nan" and diag.s.stop_step == 2
 
 

@@ -1,0 +1,1 @@
+"""The application chain: retrieval + prompt + model + parser, as replay and `clap serve` run it."""

@@ -1,0 +1,150 @@
+"""The application chain: retrieve -> build the prompt -> generate -> parse. One implementation.
+
+The replay stage (CLAP's ABCD experiment) and ``clap serve`` both answer questions through
+:class:`Chain`, so what replay measures is what serving does: BM25 retrieval over the
+batch's knowledge base (:mod:`clap.chain.retrieval`), the one prompt builder
+(:func:`clap.task.prompt.build_messages`, the same as training and eval), greedy generation with
+the base model or base + adapter (:func:`clap.model.generate.generate_batched`) and the answer
+parser of :mod:`clap.task.scoring`. With ``rag=False`` the prompt has no documents
+(``build_messages(question, None)``): the no-RAG conditions of the replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from clap.chain.retrieval import KBIndex, RetrievalParams
+from clap.errors import ClapError
+from clap.model.generate import Generation, generate_batched
+from clap.task.prompt import build_messages
+from clap.task.scoring import ParsedAnswer, context_text, parse_answer
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainParams:
+    """Params section ``chain``."""
+
+    top_k: int
+    max_new_tokens: int
+    retrieval: RetrievalParams
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1 or self.max_new_tokens < 1:
+            raise ClapError(
+                "chain: top_k and max_new_tokens must be >= 1",
+                file="params.yaml",
+                column="chain",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Retrieved:
+    """The documents retrieved for one question, best first, and the time it took."""
+
+    docs: tuple[tuple[str, str], ...]
+    retrieval_ms: float
+
+    @property
+    def doc_ids(self) -> list[str]:
+        return [doc_id for doc_id, _ in self.docs]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainAnswer:
+    """One question answered by the chain.
+
+    Attributes:
+        question: the question as asked.
+        rag: whether retrieval was on.
+        retrieved: the documents put in the prompt (none without RAG).
+        context: the context text the answer is checked against (:func:`clap.task.scoring.context_text`).
+        generation: the raw generation (text, token counts, apportioned latency).
+        parsed: the parsed answer; ``parsed.ok`` is the answer's validity.
+    """
+
+    question: str
+    rag: bool
+    retrieved: Retrieved
+    context: str
+    generation: Generation
+    parsed: ParsedAnswer
+
+    @property
+    def valid(self) -> bool:
+        return self.parsed.ok
+
+    @property
+    def latency_ms(self) -> float:
+        """Retrieval time plus this answer's share of its generation batch."""
+        return self.retrieved.retrieval_ms + self.generation.latency_ms
+
+
+class Chain:
+    """A model, its tokenizer and one knowledge base's index, answering questions.
+
+    Args:
+        model: a causal LM in eval mode (:func:`clap.model.base.load_model`).
+        tokenizer: its tokenizer with left padding (:func:`clap.model.base.load_tokenizer`).
+        index: the knowledge base index, or None for a chain that never retrieves.
+        p: chain params.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams):
+        self.model, self.tokenizer, self.index, self.p = model, tokenizer, index, p
+
+    def retrieve(self, question: str) -> Retrieved:
+        """The top-k documents for ``question`` from the index."""
+        if self.index is None:
+            raise ClapError(
+                "this chain has no knowledge base index: retrieval is impossible", rule="no_index"
+            )
+        start = time.perf_counter()
+        hits = self.index.search(question, self.p.top_k)
+        return Retrieved(tuple((h.doc_id, h.text) for h in hits), (time.perf_counter() - start) * 1000.0)
+
+    def answer(self, questions: Sequence[str], *, rag: bool, batch_size: int) -> list[ChainAnswer]:
+        """Answer every question (same order), with or without retrieval.
+
+        Args:
+            questions: the questions.
+            rag: retrieve top-k documents into the prompt (False: no documents at all).
+            batch_size: prompts per generate call (1 for serving one request).
+
+        Returns:
+            One :class:`ChainAnswer` per question.
+        """
+        retrieved = [self.retrieve(q) if rag else Retrieved((), 0.0) for q in questions]
+        chats = [build_messages(q, list(r.docs) if rag else None) for q, r in zip(questions, retrieved)]
+        gens = generate_batched(
+            self.model,
+            self.tokenizer,
+            chats,
+            batch_size=batch_size,
+            max_new_tokens=self.p.max_new_tokens,
+            desc=f"chain {'rag' if rag else 'no-rag'}",
+        )
+        return [
+            ChainAnswer(q, rag, r, context_text(list(r.docs)), g, parse_answer(g.text))
+            for q, r, g in zip(questions, retrieved, gens)
+        ]
+
+
+def load_chain(
+    base_dir: Path | str, adapter_dir: Path | str | None, index: KBIndex | None, p: ChainParams
+) -> Chain:
+    """A chain with the base model (``adapter_dir=None``) or base + adapter, over ``index``."""
+    from clap.model.base import load_model, load_tokenizer
+
+    return Chain(load_model(base_dir, adapter_dir), load_tokenizer(base_dir, padding_side="left"), index, p)
+
+
+def build_index(kb: pd.DataFrame, p: ChainParams) -> KBIndex:
+    """The BM25 index of one knowledge base (build it once and share it between chains)."""
+    return KBIndex(kb, p.retrieval)

@@ -1,0 +1,257 @@
+"""``clap serve``: the application chain over HTTP with the production adapter.
+
+What serves is what ``releases/production.json`` names: batch ``b`` means the adapter
+``models/adapters/<b>`` on ``models/base`` with the knowledge base
+``data/admitted/<b>/kb.parquet``, answered by the same :class:`clap.chain.chain.Chain` the replay
+stage measured. Before anything loads, the adapter's weights (and config, when the pointer
+records it) are hashed and compared with the pointer: a mismatch refuses to start.
+
+With nothing released (``{"batch": null}``), params ``serve.unreleased`` decides: ``refuse``
+(exit with a message) or ``base`` (serve the base model with the knowledge base of the
+last batch in params ``batches``; ``/health`` then says ``"serving": "base"``).
+
+Endpoints: ``GET /health`` (the release served: batch, adapter and base sha256, decision,
+approval id) and ``POST /answer`` ``{"question": "..."}`` (the parsed answer, ``valid``, the
+retrieved doc ids, latency). A malformed request gets a 422 with a readable ``error``.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations at
+# runtime, and the request model is built inside create_app.
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+from clap import io, params
+from clap.chain.chain import Chain, ChainParams, build_index, load_chain
+from clap.errors import ClapError
+from clap.model.base import ADAPTER_FILE, base_sha256
+
+POINTER = Path("releases/production.json")
+BASE_DIR = Path("models/base")
+ADAPTERS = Path("models/adapters")
+ADMITTED = Path("data/admitted")
+UNRELEASED = ("refuse", "base")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeParams:
+    """Params section ``serve``."""
+
+    host: str
+    port: int
+    unreleased: str
+    max_question_chars: int
+
+    def __post_init__(self) -> None:
+        if self.unreleased not in UNRELEASED or self.max_question_chars < 1 or not 0 <= self.port <= 65535:
+            raise ClapError(
+                f"serve: unreleased one of {UNRELEASED}, max_question_chars >= 1, 0 <= port <= 65535",
+                file="params.yaml",
+                column="serve",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What the service serves (the body of ``/health``)."""
+
+    serving: str
+    batch: str | None
+    kb_batch: str
+    adapter_sha256: str | None
+    base_sha256: str
+    decision: str | None
+    approval_id: str | None
+    note: str
+
+
+def _check_hash(path: Path, expected: Any, what: str) -> str:
+    """sha256 of ``path``; refuses (ClapError) when it differs from the pointer's ``expected``."""
+    if not path.exists():
+        raise ClapError(
+            f"refusing to serve: the released {what} {path} is missing (run `dvc checkout` or `dvc pull`)",
+            file=path,
+            rule="missing_adapter",
+        )
+    actual = io.sha256_file(path)
+    if actual != expected:
+        raise ClapError(
+            f"refusing to serve: {path} has sha256 {actual}, but releases/production.json says {expected} "
+            f"(the file was changed after release; restore it with `dvc checkout`)",
+            file=path,
+            rule="adapter_hash_mismatch",
+        )
+    return actual
+
+
+def resolve_release(root: Path, p: ServeParams) -> tuple[Served, Path | None]:
+    """What to serve and the adapter folder to load (None: the base), hash-verified.
+
+    Raises:
+        ClapError: the pointer is corrupt, the adapter does not match its sha256, or nothing
+            is released and ``serve.unreleased`` is ``refuse``.
+    """
+    root = Path(root)
+    pointer = io.read_json(root / POINTER) if (root / POINTER).exists() else {"batch": None}
+    if not isinstance(pointer, dict) or "batch" not in pointer:
+        raise ClapError("production pointer has no 'batch' key", file=root / POINTER, rule="bad_pointer")
+    base = base_sha256(root / BASE_DIR)
+    batch = pointer["batch"]
+    if batch is None:
+        return _unreleased(root, p, base), None
+    if not isinstance(pointer.get("adapter_sha256"), str):
+        raise ClapError(
+            "production pointer names a batch but no adapter_sha256",
+            file=root / POINTER,
+            column="adapter_sha256",
+            rule="bad_pointer",
+        )
+    adapter_dir = root / ADAPTERS / str(batch)
+    sha = _check_hash(adapter_dir / ADAPTER_FILE, pointer["adapter_sha256"], "adapter")
+    if pointer.get("adapter_config_sha256"):
+        _check_hash(adapter_dir / "adapter_config.json", pointer["adapter_config_sha256"], "adapter config")
+    served = Served(
+        "adapter",
+        str(batch),
+        str(batch),
+        sha,
+        base,
+        pointer.get("decision"),
+        pointer.get("approval_id"),
+        f"production release of batch {batch}",
+    )
+    return served, adapter_dir
+
+
+def _unreleased(root: Path, p: ServeParams, base: str) -> Served:
+    if p.unreleased == "refuse":
+        raise ClapError(
+            "refusing to serve: nothing is released (releases/production.json has batch null); release a batch "
+            "with `clap release`, or set params serve.unreleased: base to serve the base model",
+            file=root / POINTER,
+            rule="nothing_released",
+        )
+    batches = params.raw_section("batches", root / "params.yaml")
+    if not batches:
+        raise ClapError(
+            "params batches is empty: no knowledge base to serve the base model with",
+            file=root / "params.yaml",
+            column="batches",
+            rule="bad_params",
+        )
+    kb_batch = str(batches[-1])
+    return Served(
+        "base",
+        None,
+        kb_batch,
+        None,
+        base,
+        None,
+        None,
+        f"nothing released: serving the BASE model (no adapter) with the knowledge base of batch {kb_batch}",
+    )
+
+
+def load_service(root: Path | str, p: ServeParams, cp: ChainParams) -> tuple[Chain, Served]:
+    """Resolve and verify the release, then load its chain (model + knowledge base index)."""
+    root = Path(root)
+    served, adapter_dir = resolve_release(root, p)
+    kb = io.read_parquet(root / ADMITTED / served.kb_batch / "kb.parquet")
+    return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp), served
+
+
+def _error_text(errors: list[dict[str, Any]]) -> str:
+    """Pydantic validation errors as one line: ``question: String should have at most 500 characters``."""
+    parts = []
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(chain: Chain, served: Served, p: ServeParams):
+    """The FastAPI app serving ``chain``; requests are answered one at a time (one model).
+
+    Args:
+        chain: the loaded chain (with its knowledge base index).
+        served: what is served, reported by ``/health`` and every answer.
+        p: serve params (the question length limit).
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from pydantic import ConfigDict, StringConstraints, create_model
+
+    question = Annotated[
+        str,
+        StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=p.max_question_chars),
+    ]
+    request_model = create_model(
+        "AnswerRequest", __config__=ConfigDict(extra="forbid"), question=(question, ...)
+    )
+    app = FastAPI(
+        title="clap", description="manufacturing KPI answers from the released adapter and its knowledge base"
+    )
+    lock = threading.Lock()  # one model, one generate at a time
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        return JSONResponse(
+            status_code=422,
+            content={
+                "error": _error_text(errors),
+                "detail": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors],
+            },
+        )
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        index = chain.index
+        return {
+            "status": "ok",
+            **dataclasses.asdict(served),
+            "kb_docs": len(index) if index is not None else 0,
+            "top_k": chain.p.top_k,
+        }
+
+    @app.post("/answer")
+    def answer(body: request_model) -> dict[str, Any]:  # type: ignore[valid-type]
+        with lock:
+            result = chain.answer([body.question], rag=True, batch_size=1)[0]
+        return {
+            "answer": result.parsed.fields if result.valid else None,
+            "valid": result.valid,
+            "error": result.parsed.error,
+            "output": result.generation.text,
+            "doc_ids": result.retrieved.doc_ids,
+            "latency_ms": round(result.latency_ms, 3),
+            "retrieval_ms": round(result.retrieved.retrieval_ms, 3),
+            "batch": served.batch,
+            "adapter_sha256": served.adapter_sha256,
+        }
+
+    return app
+
+
+def serve(root: Path | str, host: str | None, port: int | None) -> None:
+    """Verify the release, load the chain and serve it with uvicorn until interrupted."""
+    import uvicorn
+
+    root = Path(root)
+    p = params.section("serve", ServeParams, root / "params.yaml")
+    cp = params.section("chain", ChainParams, root / "params.yaml")
+    chain, served = load_service(root, p, cp)
+    print(
+        f"serving {served.serving} ({served.note}); base {served.base_sha256[:12]}"
+        + (f", adapter {served.adapter_sha256[:12]}" if served.adapter_sha256 else ""),
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(chain, served, p),
+        host=host or p.host,
+        port=p.port if port is None else port,
+        log_level="info",
+    )

@@ -1,0 +1,634 @@
+"""normalize: typed assets -> canonical, verifiable, deduplicated, leak-free assets.
+
+Every value is brought to one spelling: metric labels lose value-bearing numeric
+prefixes/suffixes ("98.2% First Pass Yield" -> ``first_pass_yield``), units become
+canonical with the value converted (ratio -> % x100, h -> min x60), lines ``L3``, shifts
+``A``/``B``/``C``, dates ISO. Text is Unicode-cleaned (:func:`clean_text`). Evidence must be
+a substring of its cited document's body and carry the value. Duplicates and train/held-out
+overlap are removed. No row disappears silently: every dropped or repaired row becomes a
+row of the rejects frame (``artifact, item_id, rule, action, detail``).
+
+The domain vocabulary (metric labels, unit factors, shift aliases, date formats) comes from
+params.yaml ``normalize``: it is deployment policy, not code. Unicode look-alike facts
+(:data:`CONFUSABLES`) are code: they do not vary by deployment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from clap import io
+from clap.errors import ClapError
+from clap.task.context import parse_doc_ids
+
+# --------------------------------------------------------------------------- params
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeParams:
+    """Params section ``normalize`` (see the comments in params.yaml)."""
+
+    metrics: dict
+    units: dict
+    lines: list
+    line_prefixes: list
+    shifts: dict
+    date_formats: list
+    value_decimals: int
+    value_rel_tol: float
+    value_abs_tol: float
+    duplicate_system_priority: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocab:
+    """Lookup tables compiled once from :class:`NormalizeParams` (keys are :func:`label_key` forms)."""
+
+    metric_by_label: dict[str, str]
+    metric_unit: dict[str, str]
+    unit_by_variant: dict[str, tuple[str, float]]
+    lines: frozenset[str]
+    line_re: re.Pattern
+    shift_by_alias: dict[str, str]
+    date_formats: tuple[str, ...]
+    affix_prefix: re.Pattern
+    affix_suffix: re.Pattern
+    quote_number: re.Pattern
+    decimals: int
+    rel_tol: float
+    abs_tol: float
+
+
+def build_vocab(p: NormalizeParams) -> Vocab:
+    """Compile the params vocabulary; contradictions (a label naming two metrics) raise ClapError."""
+    units = {label_key(k): (str(v[0]), float(v[1])) for k, v in p.units.items()}
+    metric_by_label: dict[str, str] = {}
+    for metric, spec in p.metrics.items():
+        if spec["unit"] not in {u for u, _ in units.values()}:
+            raise ClapError(f"metric {metric!r} has unit {spec['unit']!r}, which no unit variant maps to", file="params.yaml", column=f"normalize.metrics.{metric}", rule="bad_params")
+        for label in [metric, *spec["labels"]]:
+            key = label_key(label)
+            if metric_by_label.setdefault(key, metric) != metric:
+                raise ClapError(f"label {label!r} names both {metric_by_label[key]!r} and {metric!r}", file="params.yaml", column="normalize.metrics", rule="bad_params")
+    prefixes = "|".join(re.escape(label_key(x)) for x in sorted(p.line_prefixes, key=len, reverse=True))
+    unit_alt = _unit_alternation(units)
+    return Vocab(
+        metric_by_label=metric_by_label,
+        metric_unit={m: s["unit"] for m, s in p.metrics.items()},
+        unit_by_variant=units,
+        lines=frozenset(p.lines),
+        line_re=re.compile(rf"(?:{prefixes})?\s*[-_.#]?\s*0*(\d+)"),
+        shift_by_alias={label_key(a): s for s, aliases in p.shifts.items() for a in [s, *aliases]},
+        date_formats=tuple(p.date_formats),
+        affix_prefix=re.compile(rf"^(?:[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?\s*[:=|]?\s*)+", re.IGNORECASE),
+        affix_suffix=re.compile(rf"(?:\s*[:=|]?\s*[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?)+$", re.IGNORECASE),
+        quote_number=re.compile(rf"(?<![\w.,\-])(-?)(\d+(?:[.,]\d+)*)(?:\s*\(?\s*({unit_alt}))?", re.IGNORECASE),
+        decimals=int(p.value_decimals),
+        rel_tol=float(p.value_rel_tol),
+        abs_tol=float(p.value_abs_tol),
+    )
+
+
+_NUM = r"[-+]?\d+(?:[.,]\d+)*"
+
+
+def _unit_alternation(units: Mapping[str, tuple[str, float]]) -> str:
+    """Regex alternation of unit variants; word units must end at a word boundary ("s" != "Scrap")."""
+    parts = [re.escape(u) + (r"\b" if u[-1].isalnum() else "") for u in sorted(units, key=len, reverse=True)]
+    return "|".join(parts)
+
+
+# --------------------------------------------------------------------------- text
+
+# Look-alikes seen in exports that NFKC leaves alone: Cyrillic/Greek letters that render as
+# Latin ones, hyphen and minus look-alikes (the en dash is typed as a minus; the em dash is
+# prose punctuation and stays), typographic quotes. Zero-width characters are removed.
+CONFUSABLES: dict[str, str | None] = {
+    **dict(zip("АВЕКМНОРСТХІЈЅ", "ABEKMHOPCTXIJS")),
+    **dict(zip("аеорсухіјѕԁһ", "aeopcyxijsdh")),
+    **dict(zip("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧο", "ABEZHIKMNOPTYXo")),
+    **dict.fromkeys("\u2010\u2011\u2012\u2013\u2212\ufe63", "-"),
+    **dict.fromkeys("\u2018\u2019\u201a\u201b\u2032", "'"),
+    **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033", '"'),
+    **dict.fromkeys("\u200b\u200c\u200d\u2060\ufeff\u00ad", None),
+}
+_CONFUSABLE_TABLE = str.maketrans(CONFUSABLES)
+
+
+def clean_text(text: str) -> str:
+    """NFKC + :data:`CONFUSABLES` + whitespace collapsed to single spaces, stripped.
+
+    Idempotent: cleaning a cleaned string returns it unchanged (the two steps are repeated
+    until nothing changes, since removing a zero-width character can make a new NFKC pair).
+
+    Args:
+        text: any text (NBSP, fullwidth digits, Cyrillic look-alikes, en-dash minus...).
+
+    Returns:
+        The cleaned text.
+    """
+    for _ in range(8):  # a fixed point is reached in one or two rounds; the bound only guards
+        prev, text = text, unicodedata.normalize("NFKC", text.translate(_CONFUSABLE_TABLE))
+        if text == prev:
+            break
+    return " ".join(text.split())
+
+
+def label_key(text: str) -> str:
+    """Lookup form of a label: cleaned, case-folded, ``-``/``_``/``/`` as spaces, ``%`` its own word."""
+    key = clean_text(text).casefold()
+    key = re.sub(r"[-_/]+", " ", key).replace("%", " % ")
+    return " ".join(key.split()).strip(" :.")
+
+
+def input_hash(question: str) -> str:
+    """sha256 of the normalized question (cleaned, case-folded): the overlap key."""
+    return hashlib.sha256(clean_text(question).casefold().encode("utf-8")).hexdigest()
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN or blank text."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def strip_value_affixes(label: str, vocab: Vocab) -> str:
+    """Remove value-bearing numbers (with their unit) before/after a metric label.
+
+    "98.2% First Pass Yield" -> "First Pass Yield"; "12 Scrap pcs" -> "Scrap pcs";
+    "Downtime: 45 min" -> "Downtime". A label without numbers is returned cleaned only.
+    """
+    text = clean_text(label)
+    text = vocab.affix_prefix.sub("", text)
+    return vocab.affix_suffix.sub("", text).strip()
+
+
+def canonical_metric(label: str, vocab: Vocab) -> str | None:
+    """Canonical metric name of a raw label, or None when the label is unknown."""
+    return vocab.metric_by_label.get(label_key(strip_value_affixes(label, vocab)))
+
+
+def canonical_unit(unit: str, vocab: Vocab) -> tuple[str, float] | None:
+    """(canonical unit, factor) of a unit variant (canonical = raw x factor), None if unknown."""
+    return vocab.unit_by_variant.get(label_key(unit))
+
+
+def to_canonical(value: float, unit: str, vocab: Vocab) -> tuple[float, str]:
+    """Convert ``value`` in unit variant ``unit`` to (value, canonical unit); raises on unknown units."""
+    found = canonical_unit(unit, vocab)
+    if found is None:
+        raise ClapError(f"unknown unit {unit!r}", column="unit_raw", rule="unknown_unit")
+    canon, factor = found
+    return round(value * factor, vocab.decimals), canon
+
+
+def from_canonical(value: float, unit: str, vocab: Vocab) -> float:
+    """Inverse of :func:`to_canonical`: a canonical value expressed in unit variant ``unit``."""
+    found = canonical_unit(unit, vocab)
+    if found is None:
+        raise ClapError(f"unknown unit {unit!r}", column="unit_raw", rule="unknown_unit")
+    return value / found[1]
+
+
+def canonical_line(text: str, vocab: Vocab) -> str | None:
+    """``Line 3``, ``L-3``, ``l3``, ``LINE 03`` -> ``L3``; None if not a known line."""
+    m = vocab.line_re.fullmatch(label_key(text))
+    line = f"L{int(m.group(1))}" if m else None
+    return line if line in vocab.lines else None
+
+
+def canonical_shift(text: str, vocab: Vocab) -> str | None:
+    """``Shift B``, ``b``, ``late`` -> ``B`` (aliases from params); None if unknown."""
+    return vocab.shift_by_alias.get(label_key(text))
+
+
+def parse_date(text: str, vocab: Vocab) -> str | None:
+    """ISO date (``YYYY-MM-DD``) of a timestamp in any configured format; None if none matches.
+
+    The date is the one written (plant-local wall clock): an offset is not converted to
+    UTC, since a shift date is a local date.
+    """
+    cleaned = clean_text(text)
+    for fmt in vocab.date_formats:
+        try:
+            return dt.datetime.strptime(cleaned, fmt).date().isoformat()
+        except ValueError:
+            continue
+    return None
+
+
+def decimal_readings(token: str) -> list[float]:
+    """Readings of a number token, the decimal-separator reading first.
+
+    One separator (``,`` or ``.``) is a decimal separator ("98,2" -> 98.2); when it is
+    followed by exactly three digits (and the integer part has no leading zero) the
+    thousands reading ("1,234" -> 1234) is added.
+    Mixed separators read the last as decimal ("1.234,5" -> 1234.5). Returns [] if the
+    token is not a number.
+    """
+    token = clean_text(token)
+    m = re.fullmatch(r"([-+]?)(\d+(?:[.,]\d+)*)", token)
+    if not m:
+        return []
+    sign = -1.0 if m.group(1) == "-" else 1.0
+    parts = re.split(r"[.,]", m.group(2))
+    seps = re.findall(r"[.,]", m.group(2))
+    if not seps:
+        out = [float(parts[0])]
+    elif len(seps) == 1:
+        grouped = len(parts[1]) == 3 and not parts[0].startswith("0")
+        out = [float(f"{parts[0]}.{parts[1]}")] + ([float(parts[0] + parts[1])] if grouped else [])
+    elif len(set(seps[:-1])) == 1 and seps[-1] != seps[0] and all(len(x) == 3 for x in parts[1:-1]):
+        out = [float("".join(parts[:-1]) + "." + parts[-1])]
+    elif len(set(seps)) == 1 and all(len(x) == 3 for x in parts[1:]):
+        out = [float("".join(parts))]
+    else:
+        out = []
+    return [sign * v for v in out]
+
+
+def parse_value(text: Any) -> float | None:
+    """A gold value (number, or text with a decimal comma) as a finite float; None if not one number."""
+    if isinstance(text, bool) or is_missing(text):
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) if math.isfinite(text) else None
+    readings = decimal_readings(str(text))
+    return readings[0] if readings else None
+
+
+def value_equal(a: float, b: float, vocab: Vocab) -> bool:
+    """Equal within ``max(abs_tol, rel_tol * |b|)`` (params)."""
+    return abs(a - b) <= max(vocab.abs_tol, vocab.rel_tol * abs(b))
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def quote_carries_value(quote: str, value: float, raw_value: float | None, vocab: Vocab) -> bool:
+    """True when a number in ``quote`` equals the gold value in the quote's own unit.
+
+    A number followed by a unit variant ("1,5 h", "98,2 %") is converted to canonical and
+    compared with ``value``; a bare number is compared with the canonical value and with
+    the value as the gold answer wrote it (``raw_value``, e.g. a ratio). Dates and
+    identifiers ("L3", "14.03.2026") carry no number.
+    """
+    for m in vocab.quote_number.finditer(clean_text(quote)):
+        unit = m.group(3)
+        for reading in decimal_readings(m.group(1) + m.group(2)):
+            if unit is not None:
+                if value_equal(to_canonical(reading, unit, vocab)[0], value, vocab):
+                    return True
+            elif value_equal(reading, value, vocab) or (raw_value is not None and value_equal(reading, raw_value, vocab)):
+                return True
+    return False
+
+
+def evidence_status(quote: Any, body: str, value: float, raw_value: float | None, vocab: Vocab) -> tuple[str, str]:
+    """Judge one evidence quote against its cited document's body.
+
+    Args:
+        quote: the raw quote.
+        body: the raw body of the cited document.
+        value: the gold value in canonical unit.
+        raw_value: the gold value as written (its raw unit), or None.
+        vocab: compiled params.
+
+    Returns:
+        (status, detail): status ``ok`` (verbatim), ``repaired`` (equal only after
+        :func:`clean_text`), ``evidence_not_verbatim`` or ``evidence_missing_value``.
+    """
+    if is_missing(quote):
+        return "evidence_missing_value", "evidence quote is empty"
+    quote = str(quote)
+    clean_quote, clean_body = clean_text(quote), clean_text(body)
+    if not clean_quote or clean_quote not in clean_body:
+        return "evidence_not_verbatim", f"quote {quote[:80]!r} is not in the cited document even after Unicode/whitespace cleaning"
+    if not quote_carries_value(clean_quote, value, raw_value, vocab):
+        return "evidence_missing_value", f"quote {clean_quote[:80]!r} carries no number equal to {value:g}"
+    if quote.strip() in body:
+        return "ok", ""
+    return "repaired", f"quote matched the document only after Unicode/whitespace cleaning: {quote[:80]!r}"
+
+
+# --------------------------------------------------------------------------- rows
+
+RECORD_COLUMNS = ["record_id", "source_system", "line", "shift", "date", "metric", "value", "unit", "text", "source_file", "source_line"]
+KB_COLUMNS = ["doc_id", "system", "record_ref", "title", "body", "line", "shift", "date"]
+ITEM_COLUMNS = [
+    "item_id", "split", "question", "question_type", "context_doc_ids", "metric", "value", "unit", "line", "shift", "date",
+    "evidence", "evidence_doc_id", "source_system", "input_hash", "source_file", "source_line",
+]  # fmt: skip
+REJECT_COLUMNS = ["artifact", "item_id", "rule", "action", "detail"]
+ITEM_ARTIFACTS = ("sft", "grpo", "eval", "replay")
+
+
+def _need(value: Any, rule: str, column: str, raw: Any) -> Any:
+    """Return ``value``, or raise the row-level rejection ``rule`` naming the raw input."""
+    if value is None:
+        raise ClapError(f"cannot read {raw!r}", column=column, rule=rule)
+    return value
+
+
+def _text(value: Any) -> str:
+    return "" if is_missing(value) else str(value)
+
+
+def canonical_facts(raw: Mapping[str, Any], value: float, vocab: Vocab) -> dict[str, Any]:
+    """Canonical metric/value/unit/line/shift/date of one record or gold answer.
+
+    Args:
+        raw: a row with ``metric_label, unit_raw, line_raw, shift_raw, date_raw``.
+        value: the raw value (in ``unit_raw``) as a float.
+        vocab: compiled params.
+
+    Raises:
+        ClapError: with the row-level rule (``unknown_metric``, ``unknown_unit``,
+            ``unit_mismatch``, ``unknown_line``, ``unknown_shift``, ``unparseable_date``)
+            and the column.
+    """
+    metric = _need(canonical_metric(_text(raw["metric_label"]), vocab), "unknown_metric", "metric_label", raw["metric_label"])
+    unit_raw = _text(raw["unit_raw"])
+    canon_unit = _need(canonical_unit(unit_raw, vocab), "unknown_unit", "unit_raw", raw["unit_raw"])[0]
+    if canon_unit != vocab.metric_unit[metric]:
+        raise ClapError(f"unit {unit_raw!r} ({canon_unit}) does not fit metric {metric} ({vocab.metric_unit[metric]})", column="unit_raw", rule="unit_mismatch")
+    return {
+        "metric": metric,
+        "value": to_canonical(value, unit_raw, vocab)[0],
+        "unit": canon_unit,
+        "line": _need(canonical_line(_text(raw["line_raw"]), vocab), "unknown_line", "line_raw", raw["line_raw"]),
+        "shift": _need(canonical_shift(_text(raw["shift_raw"]), vocab), "unknown_shift", "shift_raw", raw["shift_raw"]),
+        "date": _need(parse_date(_text(raw["date_raw"]), vocab), "unparseable_date", "date_raw", raw["date_raw"]),
+    }
+
+
+def _reject(artifact: str, item_id: Any, rule: str, action: str, detail: str) -> dict[str, Any]:
+    return {"artifact": artifact, "item_id": _text(item_id), "rule": rule, "action": action, "detail": detail}
+
+
+def _reject_from(artifact: str, item_id: Any, err: ClapError) -> dict[str, Any]:
+    return _reject(artifact, item_id, err.rule or "invalid", "rejected", f"column {err.column}: {err.args[0]}")
+
+
+def normalize_records(records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame, list[dict]]:
+    """Canonicalize source-system records; unreadable rows become rejects (artifact ``records``)."""
+    rows, rejects = [], []
+    for raw in records.to_dict("records"):
+        try:
+            facts = canonical_facts(raw, _need(parse_value(raw["value"]), "unparseable_value", "value", raw["value"]), vocab)
+        except ClapError as e:
+            rejects.append(_reject_from("records", raw["record_id"], e))
+            continue
+        rows.append({**raw, **facts, "text": clean_text(_text(raw["text"]))})
+    return _frame(rows, RECORD_COLUMNS), rejects
+
+
+def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[dict, str]:
+    """Normalize one question-log item and verify its evidence.
+
+    Args:
+        raw: an asset item row (contract columns).
+        kb_raw: doc_id -> (system, raw body) of the knowledge base.
+        vocab: compiled params.
+
+    Returns:
+        (normalized row, repair detail or "" when the evidence was verbatim).
+
+    Raises:
+        ClapError: a row-level rejection (rule names why).
+    """
+    value_raw = _need(parse_value(raw["value_raw"]), "unparseable_value", "value_raw", raw["value_raw"])
+    facts = canonical_facts(raw, value_raw, vocab)
+    ctx = parse_doc_ids(raw["context_doc_ids"])
+    unknown = [d for d in ctx if d not in kb_raw]
+    if unknown:
+        raise ClapError(f"context cites unknown documents {unknown}", column="context_doc_ids", rule="context_doc_unknown")
+    doc_id = _text(raw["evidence_doc_id"]).strip()
+    system, body = _need(kb_raw.get(doc_id), "evidence_doc_unknown", "evidence_doc_id", raw["evidence_doc_id"])
+    status, detail = evidence_status(raw["evidence"], body, facts["value"], value_raw, vocab)
+    if status not in ("ok", "repaired"):
+        raise ClapError(detail, column="evidence", rule=status)
+    question = clean_text(_text(raw["question"]))
+    _need(question or None, "empty_question", "question", raw["question"])
+    row = {**raw, **facts, "question": question, "context_doc_ids": json.dumps(ctx), "evidence": clean_text(str(raw["evidence"])),
+           "evidence_doc_id": doc_id, "source_system": system, "input_hash": input_hash(question), "question_type": clean_text(_text(raw["question_type"]))}  # fmt: skip
+    return row, detail if status == "repaired" else ""
+
+
+def normalize_items(items: pd.DataFrame, artifact: str, kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[pd.DataFrame, list[dict]]:
+    """Normalize every item of one question artifact; rejected and repaired rows are reported."""
+    rows, rejects = [], []
+    for raw in items.to_dict("records"):
+        try:
+            row, repair = normalize_item(raw, kb_raw, vocab)
+        except ClapError as e:
+            rejects.append(_reject_from(artifact, raw["item_id"], e))
+            continue
+        if repair:
+            rejects.append(_reject(artifact, raw["item_id"], "evidence_not_verbatim", "repaired", repair))
+        rows.append(row)
+    return _frame(rows, ITEM_COLUMNS), rejects
+
+
+def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=columns)
+    if "value" in df:
+        df["value"] = df["value"].astype("float64")
+    if "source_line" in df:
+        df["source_line"] = df["source_line"].astype("int64")
+    return df
+
+
+# --------------------------------------------------------------------------- dedup and overlap
+
+
+def _drop_marked(df: pd.DataFrame, dup: pd.Series, artifact: str, id_col: str, rule: Any, detail: Any) -> tuple[pd.DataFrame, list[dict]]:
+    """Drop rows where ``dup``; ``rule``/``detail`` are strings or per-row Series."""
+    gone = df[dup]
+    rules = rule[dup] if isinstance(rule, pd.Series) else pd.Series(rule, index=gone.index)
+    details = detail[dup] if isinstance(detail, pd.Series) else pd.Series(detail, index=gone.index)
+    rejects = [_reject(artifact, i, r, "deduplicated", d) for i, r, d in zip(gone[id_col], rules, details)]
+    return df[~dup].reset_index(drop=True), rejects
+
+
+def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: list[str]) -> tuple[pd.DataFrame, list[dict]]:
+    """Keep one record per (line, shift, date, metric, value).
+
+    The kept copy is one a KB document describes (``documented`` record IDs: a synced copy
+    in another system has no document of its own), then the one from the highest-priority
+    system (params ``duplicate_system_priority``), then the earliest source line. A dropped
+    copy from the kept copy's system is ``duplicate_within_system``, else
+    ``duplicate_across_systems``.
+    """
+    rank = {s: i for i, s in enumerate(priority)}
+    order = records.assign(_doc=~records["record_id"].isin(set(documented)), _rank=records["source_system"].map(lambda s: rank.get(s, len(rank))))
+    order = order.sort_values(["_doc", "_rank", "source_file", "source_line", "record_id"], kind="stable").drop(columns=["_doc", "_rank"])
+    key = ["line", "shift", "date", "metric", "value"]
+    kept_system = order.groupby(key, sort=False)["source_system"].transform("first")
+    kept_id = order.groupby(key, sort=False)["record_id"].transform("first")
+    rule = (order["source_system"] == kept_system).map({True: "duplicate_within_system", False: "duplicate_across_systems"})
+    kept, rejects = _drop_marked(order, order.duplicated(key), "records", "record_id", rule, "same line/shift/date/metric/value as " + kept_id)
+    return kept.sort_values(["source_file", "source_line", "record_id"], kind="stable").reset_index(drop=True), rejects
+
+
+def dedup_items(items: pd.DataFrame, artifact: str) -> tuple[pd.DataFrame, list[dict]]:
+    """Within one split keep the first (by source line) of items sharing an item_id, then an input hash."""
+    df = items.sort_values(["source_line", "item_id"], kind="stable").reset_index(drop=True)
+    rejects: list[dict] = []
+    for col, rule in (("item_id", "duplicate_item_id"), ("input_hash", "duplicate_input")):
+        first = df.groupby(col, sort=False)["item_id"].transform("first")
+        df, found = _drop_marked(df, df.duplicated(col), artifact, "item_id", rule, f"same {col} as item " + first)
+        rejects += found
+    return df, rejects
+
+
+def remove_overlap(items: pd.DataFrame, held: pd.DataFrame, artifact: str, held_name: str) -> tuple[pd.DataFrame, list[dict]]:
+    """Drop items of ``items`` whose item_id (``overlap_id``) or input hash (``overlap_text``) occurs in ``held``.
+
+    Held-out data wins: the copy in the training (or lower-priority) split is the one removed.
+    """
+    by_id = items["item_id"].isin(set(held["item_id"]))
+    by_text = ~by_id & items["input_hash"].isin(set(held["input_hash"]))
+    rule = by_id.map({True: "overlap_id", False: "overlap_text"})
+    detail = rule.map({"overlap_id": f"item_id also in {held_name}", "overlap_text": f"same normalized question as an item in {held_name}"})
+    return _drop_marked(items, by_id | by_text, artifact, "item_id", rule, detail)
+
+
+# --------------------------------------------------------------------------- knowledge base and batch
+
+
+def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame) -> tuple[pd.DataFrame, list[dict], dict[str, tuple[str, str]]]:
+    """Clean titles/bodies, keep the first row of a repeated doc_id, join line/shift/date from ``record_ref``.
+
+    A document whose body is empty after cleaning is rejected (``empty_body``): it can be
+    no one's evidence or context.
+
+    Args:
+        kb: asset knowledge base.
+        records: normalized records before deduplication (a deduplicated record still
+            states the fact its document describes).
+
+    Returns:
+        (normalized kb, rejects, doc_id -> (system, raw body) of every kept document).
+    """
+    df = kb.sort_values(["source_line", "doc_id"], kind="stable").reset_index(drop=True)
+    df = df.assign(raw_body=df["body"].map(_text), title=df["title"].map(lambda t: clean_text(_text(t))), body=df["body"].map(lambda t: clean_text(_text(t))))
+    empty = df["body"] == ""
+    rejects = [_reject("kb", d, "empty_body", "rejected", "column body: empty after Unicode/whitespace cleaning") for d in df.loc[empty, "doc_id"]]
+    df, dups = _drop_marked(df[~empty], df[~empty].duplicated("doc_id"), "kb", "doc_id", "duplicate_doc_id", "doc_id already used by an earlier document")
+    facts = records.drop_duplicates("record_id").set_index("record_id")[["line", "shift", "date"]]
+    out = df.join(facts, on="record_ref")
+    raw = {d: (s, b) for d, s, b in out[["doc_id", "system", "raw_body"]].itertuples(index=False)}
+    return out[KB_COLUMNS].reset_index(drop=True), rejects + dups, raw
+
+
+ASSET_ITEM_COLUMNS = [
+    "item_id", "split", "question", "question_type", "context_doc_ids", "metric_label", "value_raw", "unit_raw",
+    "line_raw", "shift_raw", "date_raw", "evidence", "evidence_doc_id", "source_file", "source_line",
+]  # fmt: skip
+ASSET_COLUMNS: dict[str, list[str]] = {
+    "records": ["record_id", "source_system", "line_raw", "shift_raw", "date_raw", "metric_label", "value", "unit_raw", "text", "source_file", "source_line"],
+    "kb": ["doc_id", "system", "record_ref", "title", "body", "source_file", "source_line"],
+    **{name: ASSET_ITEM_COLUMNS for name in ITEM_ARTIFACTS},
+}
+
+
+def load_assets(folder: Path) -> dict[str, pd.DataFrame]:
+    """Read a batch's asset parquet files; a missing file or column raises ClapError naming it."""
+    frames = {}
+    for name, columns in ASSET_COLUMNS.items():
+        path = Path(folder) / f"{name}.parquet"
+        df = io.read_parquet(path)
+        missing = [c for c in columns if c not in df.columns]
+        if missing:
+            raise ClapError(f"asset lacks columns {missing} (see docs/data-contract.md)", file=path, column=missing[0], rule="missing_column")
+        frames[name] = df
+    return frames
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeResult:
+    """Output of :func:`normalize_batch`: frames by artifact name, the rejects frame, flat metrics."""
+
+    frames: dict[str, pd.DataFrame]
+    rejects: pd.DataFrame
+    metrics: dict[str, int]
+
+
+def normalize_batch(assets: Mapping[str, pd.DataFrame], p: NormalizeParams) -> NormalizeResult:
+    """Normalize one batch's assets (``records, kb, sft, grpo, eval, replay``).
+
+    Order: canonicalize and verify every row, deduplicate within each artifact, then
+    remove overlap: eval and replay items leave train (sft/grpo); eval items leave replay.
+    """
+    vocab = build_vocab(p)
+    records, rejects = normalize_records(assets["records"], vocab)
+    kb, found, kb_raw = normalize_kb(assets["kb"], records)
+    rejects += found
+    records, found = dedup_records(records, kb["record_ref"].dropna(), list(p.duplicate_system_priority))
+    rejects += found
+    items = {}
+    for name in ITEM_ARTIFACTS:
+        df, found = normalize_items(assets[name], name, kb_raw, vocab)
+        items[name], dups = dedup_items(df, name)
+        rejects += found + dups
+    for name, held in (("sft", "eval"), ("sft", "replay"), ("grpo", "eval"), ("grpo", "replay"), ("replay", "eval")):
+        items[name], found = remove_overlap(items[name], items[held], name, held)
+        rejects += found
+    frames = {"records": records, "kb": kb, **items}
+    rej = pd.DataFrame(rejects, columns=REJECT_COLUMNS)
+    return NormalizeResult(frames, rej, {**batch_metrics(assets, frames, rej), **canonicalization_counts(assets, vocab)})
+
+
+_RAW_FIELDS = ("metric_label", "unit_raw", "line_raw", "shift_raw", "date_raw")
+
+
+def _is_lookalike(text: str) -> bool:
+    """Text that NFKC or the confusables map changes, beyond whitespace runs (NBSP counts)."""
+    return text.translate(_CONFUSABLE_TABLE) != text or unicodedata.normalize("NFKC", text) != text
+
+
+def canonicalization_counts(assets: Mapping[str, pd.DataFrame], vocab: Vocab) -> dict[str, int]:
+    """Rows (records, sft, eval, replay) whose raw spelling normalize changed, per kind of change.
+
+    ``fixed_numeric_prefix`` (a value stripped from the metric label), ``fixed_unit_variant``
+    (a non-canonical unit), ``fixed_trailing_whitespace`` and ``fixed_unicode_lookalike``;
+    comparable with the demo generator's MANIFEST noise counts.
+    """
+    counts = dict.fromkeys(("fixed_numeric_prefix", "fixed_unit_variant", "fixed_trailing_whitespace", "fixed_unicode_lookalike"), 0)
+    for name in ("records", "sft", "eval", "replay"):
+        for raw in assets[name].to_dict("records"):
+            fields = {k: _text(raw.get(k)) for k in (*_RAW_FIELDS, "question")}
+            label, unit = fields["metric_label"], canonical_unit(fields["unit_raw"], vocab)
+            counts["fixed_numeric_prefix"] += label_key(strip_value_affixes(label, vocab)) != label_key(label)
+            counts["fixed_unit_variant"] += unit is not None and fields["unit_raw"].strip() != unit[0]
+            counts["fixed_trailing_whitespace"] += any(v != v.strip(" \t\r\n") for v in fields.values())
+            counts["fixed_unicode_lookalike"] += any(_is_lookalike(v) for v in fields.values())
+    return counts
+
+
+def batch_metrics(assets: Mapping[str, pd.DataFrame], frames: Mapping[str, pd.DataFrame], rejects: pd.DataFrame) -> dict[str, int]:
+    """Flat counts: rows in/out per artifact, and rows per (artifact, action, rule) and per action."""
+    out: dict[str, int] = {}
+    for name, df in frames.items():
+        out[f"{name}_rows_in"] = int(len(assets[name]))
+        out[f"{name}_rows_out"] = int(len(df))
+    for (artifact, action, rule), n in rejects.groupby(["artifact", "action", "rule"]).size().items():
+        out[f"{artifact}_{action}_{rule}"] = int(n)
+    for action in ("rejected", "repaired", "deduplicated"):
+        out[f"total_{action}"] = int((rejects["action"] == action).sum())
+    return out

@@ -1,0 +1,535 @@
+"""Fault-injection calibration (TBDL's calibration positives): run the loop on known faults.
+
+Each variant copies an admitted batch into a work folder (the batch itself is never
+touched), injects one fault, then runs the loop as the stages do, in-process: train
+(:func:`clap.train.sft.train_batch`, with the runtime diagnosis and the TBDL detector), eval
+on the batch's held-out items (:func:`clap.judge.evaluation.evaluate`) and the gate
+(:func:`clap.judge.gating.run_gate`) under the real policy from params. Faults:
+
+- ``relabel``: every training answer (fields, evidence and cited doc together) moves to
+  another item (a seeded derangement): a join on the wrong key;
+- ``dirty_values`` / ``dirty_evidence``: a fraction of training items get another item's
+  value / evidence quote (a seeded derangement within that fraction);
+- ``loss_on_prompt``: the omitted loss-masking trap (``train.loss_on_prompt: true``);
+- ``lr_zero``: learning rate 0 (the adapter stays the base);
+- ``nan``: a LoRA weight is poisoned with NaN before a step (``train.inject_nan_at_step``).
+
+Clean runs (no fault) over several seeds give the false-reject rate. The required outcome:
+no fault run gets a decision in ``calibrate.fail_on`` (promote, canary).
+
+Faults are injected into a copy of the admitted batch, and admission's content checks
+(:func:`clap.data.admission.training_data_checks`: balance, evidence verifiability, label canary)
+re-run on the changed training items, as they would on a batch that arrived with the fault.
+Every run is then trained, evaluated and gated even when that re-check refuses it (the real
+loop would skip training), so the table shows what each layer catches on its own: the
+admission verdict, the gate without it ("gate alone") and the loop's decision (the gate
+with the admission verdict). The baseline is the base model (no incumbent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from clap import io
+from clap.data.admission import AdmitParams, reason, training_data_checks
+from clap.data.normalize import NormalizeParams, build_vocab
+from clap.errors import ClapError
+from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, evaluate
+from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
+from clap.model.base import ADAPTER_FILE
+from clap.task.prompt import ANSWER_FIELDS
+from clap.task.scoring import ScoringParams
+from clap.train.detector import DetectorParams
+from clap.train.diagnosis import curves_csv
+from clap.train.sft import TrainParams, admitted, train_batch
+
+CLEAN = "clean"
+DATA_FAULTS = ("relabel", "dirty_values", "dirty_evidence")
+FAULTS = (*DATA_FAULTS, "loss_on_prompt", "lr_zero", "nan")
+BATCH_FILES = ("sft.parquet", "probe.parquet", "eval.parquet", "kb.parquet", "admission.json")
+RELABEL_COLUMNS = (*ANSWER_FIELDS, "evidence_doc_id")  # the answer moves with its cited doc
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrateParams:
+    """params.yaml ``calibrate`` (see the comments there)."""
+
+    faults: Sequence[str]
+    fault_seeds: Sequence[int]
+    clean_seeds: Sequence[int]
+    dirty_fraction: float
+    nan_at_step: int
+    fail_on: Sequence[str]
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.faults) - set(FAULTS))
+        bad_fail = sorted(set(self.fail_on) - set(DECISION_CODE))
+        if unknown or bad_fail or not 0.0 < self.dirty_fraction <= 1.0 or self.nan_at_step < 1:
+            raise ClapError(
+                f"calibrate: faults must be among {FAULTS} (unknown {unknown}), fail_on among {tuple(DECISION_CODE)} "
+                f"(unknown {bad_fail}), 0 < dirty_fraction <= 1, nan_at_step >= 1",
+                file="params.yaml",
+                column="calibrate",
+                rule="bad_params",
+            )
+        if not self.clean_seeds or (self.faults and not self.fault_seeds):
+            raise ClapError(
+                "calibrate: clean_seeds (and fault_seeds when faults are listed) must not be empty",
+                file="params.yaml",
+                column="calibrate",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopParams:
+    """The params sections the loop reads, as the stages read them."""
+
+    train: TrainParams
+    detector: DetectorParams
+    eval: EvalParams
+    scoring: ScoringParams
+    gate: GateParams
+    admit: AdmitParams
+    normalize: NormalizeParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One calibration run: a fault (or ``clean``) and the seed of its training and fault draw."""
+
+    fault: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """``<fault>-<seed>``: the run's name in the table, metrics keys and file names."""
+        return f"{self.fault}-{self.seed}"
+
+
+@dataclasses.dataclass
+class CalibrationResult:
+    """Per-run rows (table order), each run's training curves, and the flat summary."""
+
+    rows: list[dict[str, Any]]
+    curves: dict[str, list[dict[str, Any]]]
+    summary: dict[str, Any]
+
+
+def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
+    """The ``calibrate`` section and the loop's sections of a params file."""
+    from clap import params
+
+    sections = {
+        "train": TrainParams,
+        "detector": DetectorParams,
+        "eval": EvalParams,
+        "scoring": ScoringParams,
+        "gate": GateParams,
+        "admit": AdmitParams,
+        "normalize": NormalizeParams,
+    }
+    loop = LoopParams(**{name: params.section(name, cls, path) for name, cls in sections.items()})
+    return params.section("calibrate", CalibrateParams, path), loop
+
+
+def plan(cp: CalibrateParams) -> list[Variant]:
+    """Every run: each fault under each fault seed, then a clean run per clean seed."""
+    return [Variant(f, s) for f in cp.faults for s in cp.fault_seeds] + [
+        Variant(CLEAN, s) for s in cp.clean_seeds
+    ]
+
+
+# --- fault injection --------------------------------------------------------------------------
+def derange_rows(
+    frame: pd.DataFrame, columns: Sequence[str], fraction: float, rng: np.random.Generator
+) -> pd.DataFrame:
+    """A copy in which a seeded ``fraction`` of rows take ``columns`` from another row of that set.
+
+    The chosen rows are put in random order and each takes the values of the next one (a
+    cyclic shift: no chosen row keeps its own position's values).
+    """
+    out = frame.copy()
+    n = int(round(fraction * len(frame)))
+    if n < 2:
+        return out
+    chosen = rng.permutation(len(frame))[:n]
+    for col in columns:  # column by column: each keeps its dtype
+        values = frame[col].to_numpy(copy=True)
+        values[chosen] = frame[col].to_numpy()[np.roll(chosen, -1)]
+        out[col] = values
+    return out
+
+
+def rows_changed(before: pd.DataFrame, after: pd.DataFrame, columns: Sequence[str]) -> int:
+    """Rows whose ``columns`` differ (a derangement between equal answers changes nothing)."""
+    cols = list(columns)
+    return int((before[cols].reset_index(drop=True) != after[cols].reset_index(drop=True)).any(axis=1).sum())
+
+
+def corrupt_sft(sft: pd.DataFrame, fault: str, fraction: float, seed: int) -> pd.DataFrame:
+    """The training items with a data fault injected (``sft`` unchanged for other faults)."""
+    rng = np.random.default_rng(seed)
+    if fault == "relabel":
+        return derange_rows(sft, RELABEL_COLUMNS, 1.0, rng)
+    if fault == "dirty_values":
+        return derange_rows(sft, ["value"], fraction, rng)
+    if fault == "dirty_evidence":
+        return derange_rows(sft, ["evidence"], fraction, rng)
+    return sft
+
+
+def fault_train_params(
+    tp: TrainParams, variant: Variant, cp: CalibrateParams, checkpoint_root: Path
+) -> TrainParams:
+    """The ``train`` params of one run: its seed, its checkpoint folder, and a training fault."""
+    changes: dict[str, Any] = {"seed": variant.seed, "checkpoint_root": str(checkpoint_root)}
+    if variant.fault == "loss_on_prompt":
+        changes["loss_on_prompt"] = True
+    elif variant.fault == "lr_zero":
+        changes["lr"] = 0.0
+    elif variant.fault == "nan":
+        changes["inject_nan_at_step"] = cp.nan_at_step
+    return dataclasses.replace(tp, **changes)
+
+
+def prepare_batch(
+    admitted_dir: Path, run_dir: Path, variant: Variant, cp: CalibrateParams
+) -> tuple[Path, int]:
+    """Copy the admitted batch into ``run_dir/data`` with the variant's data fault; (folder, rows changed)."""
+    data = run_dir / "data"
+    data.mkdir(parents=True)
+    for name in BATCH_FILES:
+        shutil.copy2(admitted_dir / name, data / name)
+    if variant.fault not in DATA_FAULTS:
+        return data, 0
+    sft = io.read_parquet(admitted_dir / "sft.parquet")
+    dirty = corrupt_sft(sft, variant.fault, cp.dirty_fraction, variant.seed)
+    io.write_parquet(data / "sft.parquet", dirty)
+    return data, rows_changed(sft, dirty, RELABEL_COLUMNS)
+
+
+def readmit(data: Path, lp: LoopParams) -> dict[str, Any]:
+    """Admission's content checks on the run's training items (after its fault):
+    ``admitted``, the failed checks' reasons and the evidence-verifiable rate."""
+    sft, kb = io.read_parquet(data / "sft.parquet"), io.read_parquet(data / "kb.parquet")
+    held = pd.concat([io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "probe.parquet")])
+    checks = training_data_checks(sft, held, kb, lp.admit, build_vocab(lp.normalize))
+    failed = [c for c in checks if c.blocking and not c.passed]
+    evidence = next(c.value for c in checks if c.name == "evidence_verifiable_rate")
+    return {
+        "admitted": not failed,
+        "admission_reasons": "; ".join(reason(c) for c in failed),
+        "evidence_verifiable_rate": evidence,
+    }
+
+
+# --- one run --------------------------------------------------------------------------------
+def candidate_spec(adapter_dir: Path) -> ModelSpec | None:
+    """The candidate adapter, or None when training wrote no weights (batch skipped)."""
+    if not (adapter_dir / ADAPTER_FILE).exists():
+        return None
+    return ModelSpec("candidate", str(adapter_dir), adapter_sha256(adapter_dir), adapter_dir.name)
+
+
+def gate_run(
+    base_eval: tuple[pd.DataFrame, pd.DataFrame],
+    cand: ModelSpec | None,
+    base_dir: Path,
+    items: pd.DataFrame,
+    kb: pd.DataFrame,
+    record: dict[str, Any],
+    admitted: bool,
+    lp: LoopParams,
+) -> GateResult:
+    """Eval the candidate on the held-out items and decide with the real gate (baseline: base)."""
+    specs = [ModelSpec("base", None, "", "")] + ([cand] if cand else [])
+    scored, timings = base_eval
+    if cand is not None:
+        c_scored, c_timings = evaluate([cand], base_dir, items, kb, lp.eval, lp.scoring)
+        scored, timings = (
+            pd.concat([scored, c_scored], ignore_index=True),
+            pd.concat([timings, c_timings], ignore_index=True),
+        )
+    meta = {"models": [dataclasses.asdict(s) for s in specs], "production": {}}
+    return run_gate(scored, timings, meta, record, {"admitted": int(admitted)}, lp.gate)
+
+
+def table_row(
+    variant: Variant,
+    changed: int,
+    admission: dict[str, Any],
+    record: dict[str, Any],
+    gate: GateResult,
+    cp: CalibrateParams,
+) -> dict[str, Any]:
+    """One table row: the fault, admission, training health and detector, held-out numbers, the decisions."""
+    n = gate.numbers
+    keys = (
+        "health",
+        "steps",
+        "planned_steps",
+        "detector_alarm_step",
+        "alarm_fraction",
+        "detector_max_log_e",
+        "detector_log_threshold",
+        "train_loss_start",
+        "train_loss_end",
+        "probe_loss_start",
+        "probe_loss_end",
+        "masked_tokens_fraction",
+    )
+    row = {
+        "run": variant.name,
+        "fault": variant.fault,
+        "seed": variant.seed,
+        "rows_changed": changed,
+        **admission,
+        **{k: record.get(k, "") for k in keys},
+    }
+    row.update(
+        {
+            k: n.get(k, "")
+            for k in (
+                "baseline_pass_rate",
+                "candidate_pass_rate",
+                "b",
+                "c",
+                "delta",
+                "pvalue",
+                "hallucination_rate",
+                "wrong_fact_rate",
+            )
+        }
+    )
+    alone = decide([c for c in gate.checks if c.name != "admission"])
+    row.update(
+        gate_alone=alone[0],
+        gate_alone_rule=alone[1],
+        decision=gate.decision,
+        rule=gate.rule,
+        released=gate.decision in cp.fail_on,
+    )
+    row["failed"] = (
+        variant.fault != CLEAN and row["released"]
+    )  # a fault that would ship: the calibration fails
+    return row
+
+
+def run_variant(
+    admitted_dir: Path,
+    base_dir: Path,
+    run_dir: Path,
+    variant: Variant,
+    base_eval: tuple[pd.DataFrame, pd.DataFrame],
+    cp: CalibrateParams,
+    lp: LoopParams,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Train, eval and gate one variant in ``run_dir``; (table row, training curves)."""
+    data, changed = prepare_batch(admitted_dir, run_dir, variant, cp)
+    admission = readmit(data, lp)
+    tp = fault_train_params(lp.train, variant, cp, run_dir / "checkpoints")
+    result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector)
+    items, kb = io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "kb.parquet")
+    gate = gate_run(
+        base_eval,
+        candidate_spec(run_dir / "adapter"),
+        base_dir,
+        items,
+        kb,
+        result.record,
+        admission["admitted"],
+        lp,
+    )
+    shutil.rmtree(
+        run_dir
+    )  # adapter and checkpoints: ~0.1-0.2 GB a run on the real base; the row and curves are kept
+    gc.collect()  # each run loads a model; free it before the next
+    return table_row(variant, changed, admission, result.record, gate, cp), result.curves
+
+
+def calibrate(
+    admitted_dir: Path | str,
+    base_dir: Path | str,
+    work_dir: Path | str,
+    cp: CalibrateParams,
+    lp: LoopParams,
+    *,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> CalibrationResult:
+    """Run every variant of :func:`plan` on an admitted batch (copied into ``work_dir``).
+
+    Args:
+        admitted_dir: ``data/admitted/<batch>`` (must be admitted); read only.
+        base_dir: the exported base model folder.
+        work_dir: an empty scratch folder (copies, adapters, checkpoints); the caller deletes it.
+        cp: ``calibrate`` params.  lp: the loop's params (train, detector, eval, scoring, gate).
+        on_row: called with each finished row (progress output).
+
+    Returns:
+        The table rows, each run's curves and the flat summary (see :func:`summarize`).
+
+    Raises:
+        ClapError: the batch is not admitted (a skipped batch calibrates nothing).
+    """
+    admitted_dir, base_dir, work_dir = Path(admitted_dir), Path(base_dir), Path(work_dir)
+    if not admitted(io.read_json(admitted_dir / "admission.json"), admitted_dir):
+        raise ClapError(
+            "calibration needs an admitted batch", file=admitted_dir / "admission.json", rule="not_admitted"
+        )
+    items, kb = io.read_parquet(admitted_dir / "eval.parquet"), io.read_parquet(admitted_dir / "kb.parquet")
+    base_eval = evaluate(
+        [ModelSpec("base", None, "", "")], base_dir, items, kb, lp.eval, lp.scoring
+    )  # the same for every run
+    rows, curves = [], {}
+    for variant in plan(cp):
+        row, curves[variant.name] = run_variant(
+            admitted_dir, base_dir, work_dir / variant.name, variant, base_eval, cp, lp
+        )
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return CalibrationResult(rows, curves, summarize(rows, cp))
+
+
+# --- outputs --------------------------------------------------------------------------------
+def summarize(rows: Sequence[dict[str, Any]], cp: CalibrateParams) -> dict[str, Any]:
+    """Aggregates: fault runs released (must be 0), what admission and the gate alone caught,
+    the clean runs' false-reject, hold and release rates."""
+    faults = [r for r in rows if r["fault"] != CLEAN]
+    clean = [r for r in rows if r["fault"] == CLEAN]
+    return {
+        "runs": len(rows),
+        "fault_runs": len(faults),
+        "clean_runs": len(clean),
+        "faults_released": sum(r["released"] for r in faults),
+        "no_fault_released": not any(r["released"] for r in faults),
+        "fault_detector_alarms": sum(r["health"] == "alarm" for r in faults),
+        "fault_admission_refusals": sum(not r["admitted"] for r in faults),
+        "faults_released_by_gate_alone": sum(r["gate_alone"] in cp.fail_on for r in faults),
+        "clean_false_reject_rate": sum(r["decision"] == "reject" for r in clean) / len(clean)
+        if clean
+        else -1.0,
+        "clean_hold_rate": sum(r["decision"] == "hold" for r in clean) / len(clean) if clean else -1.0,
+        "clean_release_rate": sum(r["released"] for r in clean) / len(clean) if clean else -1.0,
+        "clean_admission_refusals": sum(not r["admitted"] for r in clean),
+        "clean_detector_alarms": sum(r["health"] == "alarm" for r in clean),
+        "fail_on": ",".join(cp.fail_on),
+    }
+
+
+FLAT_FIELDS = (
+    "admitted",
+    "health",
+    "detector_alarm_step",
+    "alarm_fraction",
+    "gate_alone",
+    "decision",
+    "delta",
+)
+
+
+def flat_metrics(result: CalibrationResult) -> dict[str, Any]:
+    """The flat metrics file: the summary plus, per run, ``<run>_<field>`` and the decision code."""
+    out = dict(result.summary)
+    for r in result.rows:
+        out.update({f"{r['run']}_{k}": _flat(r[k]) for k in FLAT_FIELDS})
+        out[f"{r['run']}_decision_code"] = DECISION_CODE[r["decision"]]
+    return out
+
+
+def _flat(v: Any) -> Any:
+    return round(v, 6) if isinstance(v, float) else v
+
+
+def _num(v: Any, spec: str = ".3f") -> str:
+    return (
+        format(v, spec)
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        else (str(v) if v != "" else "–")
+    )
+
+
+def _alarm(r: dict[str, Any]) -> str:
+    step = r["detector_alarm_step"]
+    return "–" if step in (-1, "") else f"{step} ({_num(r['alarm_fraction'], '.0%')})"
+
+
+def markdown_row(r: dict[str, Any]) -> str:
+    """One row of the markdown table."""
+    admission = "admitted" if r["admitted"] else f"**refused** ({r['admission_reasons']})"
+    cells = [
+        r["run"],
+        str(r["rows_changed"]),
+        admission,
+        r["health"],
+        f"{r['steps']}/{r['planned_steps']}",
+        _alarm(r),
+        f"{_num(r['detector_max_log_e'], '.2f')} / {_num(r['detector_log_threshold'], '.2f')}",
+        f"{_num(r['train_loss_start'])} → {_num(r['train_loss_end'])}",
+        f"{_num(r['probe_loss_start'])} → {_num(r['probe_loss_end'])}",
+        f"{_num(r['baseline_pass_rate'])} → {_num(r['candidate_pass_rate'])}",
+        _num(r["delta"], "+.3f"),
+        _num(r["pvalue"], ".3g"),
+        f"{_num(r['hallucination_rate'])} / {_num(r['wrong_fact_rate'])}",
+        _num(r["masked_tokens_fraction"]),
+        f"{r['gate_alone']} ({r['gate_alone_rule']})",
+        f"**{r['decision']}** ({r['rule']})",
+        "FAIL: released" if r["failed"] else "ok",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def progress_line(r: dict[str, Any]) -> str:
+    """One finished run, for progress output."""
+    admission = "admitted" if r["admitted"] else "REFUSED by the admission re-check"
+    return f"{r['run']}: {admission}, health {r['health']}, gate alone {r['gate_alone']}, decision {r['decision']} ({r['rule']})"
+
+
+def render_markdown(result: CalibrationResult, title: str) -> str:
+    """The calibration table and its summary, ready for a PR or the README."""
+    s = result.summary
+    verdict = (
+        "no fault was released"
+        if s["no_fault_released"]
+        else f"**{s['faults_released']} fault run(s) RELEASED**"
+    )
+    lines = [
+        f"# Fault-injection calibration: {title}",
+        "",
+        "| run | rows changed | admission re-check | health | steps | detector alarm step (fraction) | max log E / threshold | train loss | probe loss | "
+        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate alone (rule) | loop decision (rule) | check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *[markdown_row(r) for r in result.rows],
+        "",
+        f"Fault runs: {s['fault_runs']}, {verdict} (fail on: {s['fail_on']}); refused by the admission re-check: {s['fault_admission_refusals']}, "
+        f"detector alarms: {s['fault_detector_alarms']}, released by the gate alone (without the admission verdict): {s['faults_released_by_gate_alone']}. "
+        f"Clean runs: {s['clean_runs']}, false-reject rate {_num(s['clean_false_reject_rate'], '.2f')}, hold rate {_num(s['clean_hold_rate'], '.2f')}, "
+        f"release rate {_num(s['clean_release_rate'], '.2f')}, admission refusals {s['clean_admission_refusals']}, detector alarms {s['clean_detector_alarms']}.",
+        "",
+        "Admission re-check: admission's content checks re-run on the training items after the fault. Gate alone: the decision without "
+        "the admission verdict. Loop decision: with it (what the pipeline would do).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_outputs(
+    result: CalibrationResult, report_dir: Path | str, metrics_path: Path | str, title: str
+) -> None:
+    """``report_dir``: calibration.md, runs.json, curves/<run>.csv (re-readable with
+    :func:`clap.train.detector.replay`); ``metrics_path``: the flat metrics."""
+    with io.atomic_dir(report_dir) as tmp:
+        io.atomic_write_text(tmp / "calibration.md", render_markdown(result, title))
+        io.write_json(tmp / "runs.json", {"summary": result.summary, "runs": result.rows})
+        for name, rows in result.curves.items():
+            io.atomic_write_text(tmp / "curves" / f"{name}.csv", curves_csv(rows))
+    io.write_json(metrics_path, flat_metrics(result))

@@ -1,0 +1,283 @@
+"""Held-out evaluation: base, candidate adapter and incumbent on the same items, same order.
+
+Every model answers the admitted ``eval.parquet`` items through the one prompt builder with
+the items' own context, greedily (``clap.model.generate``); each answer is parsed and scored
+(``clap.task.scoring``) into one row per item x model. Unparseable answers are rows that score
+wrong, never dropped, so the pairing the gate relies on always holds. Timings are kept
+apart from the scored records: ``items.parquet`` is deterministic (the approval binds its
+hash), ``timings.parquet`` is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from clap import io
+from clap.errors import ClapError
+from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.model.generate import Generation, generate_batched
+from clap.task.context import item_docs, kb_bodies
+from clap.task.prompt import ANSWER_FIELDS, CORE_FIELDS, build_messages
+from clap.task.scoring import SLICES, ScoringParams, context_text, parse_answer, score_item
+
+ROLES = ("base", "candidate", "incumbent")
+SCORED_COLUMNS = (
+    ["model", "position", "item_id", *SLICES, "gold_value", "output", "parse_ok", "parse_error"]
+    + [f"pred_{k}" for k in ANSWER_FIELDS]
+    + [f"{k}_correct" for k in ANSWER_FIELDS]
+    + ["pass", "overall", "hallucination", "wrong_fact", "new_tokens", "prompt_tokens"]
+)
+TIMING_COLUMNS = ["model", "item_id", "latency_ms", "batch_wall_ms", "batch_size", "batch_index"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParams:
+    """Params section ``eval``."""
+
+    batch_size: int
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One model to evaluate: its role, adapter folder (None = the base) and identity."""
+
+    role: str
+    adapter_dir: str | None
+    adapter_sha256: str
+    batch: str
+
+
+def adapter_sha256(adapter_dir: Path | str) -> str:
+    """sha256 of an adapter's weights file (what release pointers and approvals record)."""
+    return io.sha256_file(Path(adapter_dir) / ADAPTER_FILE)
+
+
+def incumbent_spec(pointer_path: Path | str, adapters_root: Path | str) -> ModelSpec | None:
+    """The production adapter named by ``releases/production.json``, hash-verified; None if none.
+
+    A missing pointer file or a pointer without a batch means nothing is in production.
+
+    Raises:
+        ClapError: the pointer is corrupt, names an adapter that is missing, or whose bytes
+            do not match ``adapter_sha256``.
+    """
+    pointer_path = Path(pointer_path)
+    if not pointer_path.exists():
+        return None
+    pointer = io.read_json(pointer_path)
+    if not isinstance(pointer, dict):
+        raise ClapError("production pointer must be a JSON object", file=pointer_path, rule="corrupt_pointer")
+    if not pointer.get("batch"):
+        return None
+    expected = pointer.get("adapter_sha256")
+    if not isinstance(expected, str) or not expected:
+        raise ClapError(
+            "production pointer names a batch but no adapter_sha256",
+            file=pointer_path,
+            column="adapter_sha256",
+            rule="corrupt_pointer",
+        )
+    adapter_dir = Path(adapters_root) / str(pointer["batch"])
+    actual = adapter_sha256(adapter_dir)
+    if actual != expected:
+        raise ClapError(
+            f"incumbent adapter {adapter_dir} has sha256 {actual}, the pointer says {expected} (run `dvc checkout`)",
+            file=pointer_path,
+            column="adapter_sha256",
+            rule="incumbent_hash_mismatch",
+        )
+    return ModelSpec("incumbent", str(adapter_dir), actual, str(pointer["batch"]))
+
+
+def model_specs(adapter_dir: Path | str, incumbent: ModelSpec | None) -> list[ModelSpec]:
+    """Base, candidate (when its adapter file exists) and the incumbent (see :func:`incumbent_spec`).
+
+    The incumbent is left out when it is the candidate itself (same weights hash): its
+    answers would be the candidate's, and the gate must not test a model against itself.
+    """
+    adapter_dir = Path(adapter_dir)
+    specs = [ModelSpec("base", None, "", "")]
+    if (adapter_dir / ADAPTER_FILE).exists():
+        specs.append(ModelSpec("candidate", str(adapter_dir), adapter_sha256(adapter_dir), adapter_dir.name))
+    if incumbent is not None and incumbent.adapter_sha256 not in {s.adapter_sha256 for s in specs}:
+        specs.append(incumbent)
+    return specs
+
+
+def prompts_and_contexts(
+    items: pd.DataFrame, kb: pd.DataFrame
+) -> tuple[list[list[dict[str, str]]], list[str]]:
+    """Chat messages and scoring context of each eval item, in item order."""
+    bodies = kb_bodies(kb)
+    docs = [item_docs(row, bodies) for row in items.to_dict("records")]
+    chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
+    return chats, [context_text(d) for d in docs]
+
+
+def _as_text(value: Any) -> str | None:
+    """A parsed field as text for the record (non-strings as JSON, absent as None)."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def score_generations(
+    role: str, items: pd.DataFrame, gens: Sequence[Generation], contexts: Sequence[str], p: ScoringParams
+) -> pd.DataFrame:
+    """One scored row per item for one model (no timings: those go to :func:`timing_rows`)."""
+    rows = []
+    for pos, (item, gen, ctx) in enumerate(zip(items.to_dict("records"), gens, contexts)):
+        parsed = parse_answer(gen.text)
+        scored = score_item(parsed, {k: item[k] for k in ANSWER_FIELDS}, ctx, p)
+        row = {"model": role, "position": pos, "item_id": item["item_id"], **{s: item[s] for s in SLICES}}
+        row.update(
+            gold_value=float(item["value"]),
+            output=gen.text,
+            parse_ok=parsed.ok,
+            parse_error=parsed.error or "",
+        )
+        row.update({f"pred_{k}": _as_text(parsed.fields.get(k)) for k in ANSWER_FIELDS if k != "value"})
+        row.update(
+            {k: v for k, v in scored.items() if k != "parse_ok"},
+            new_tokens=gen.new_tokens,
+            prompt_tokens=gen.prompt_tokens,
+        )
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=SCORED_COLUMNS)
+    frame["pred_value"] = pd.to_numeric(frame["pred_value"], errors="coerce").astype("float64")
+    return frame
+
+
+def timing_rows(role: str, items: pd.DataFrame, gens: Sequence[Generation]) -> pd.DataFrame:
+    """Per item x model latency (apportioned) and batch wall time, in milliseconds."""
+    rows = [
+        (role, i, g.latency_ms, g.batch_wall_ms, g.batch_size, g.batch_index)
+        for i, g in zip(items["item_id"], gens)
+    ]
+    return pd.DataFrame(rows, columns=TIMING_COLUMNS)
+
+
+def generate_for(
+    spec: ModelSpec, base_dir: Path | str, chats: Sequence[list[dict[str, str]]], p: EvalParams
+) -> list[Generation]:
+    """Load one model (base + optional adapter) and answer every chat."""
+    from clap.model.base import load_model, load_tokenizer
+
+    model = load_model(base_dir, spec.adapter_dir)
+    tok = load_tokenizer(base_dir, padding_side="left")
+    gens = generate_batched(
+        model, tok, chats, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc=f"eval {spec.role}"
+    )
+    del model  # free the weights before the next model loads
+    return gens
+
+
+def evaluate(
+    specs: Sequence[ModelSpec],
+    base_dir: Path | str,
+    items: pd.DataFrame,
+    kb: pd.DataFrame,
+    p: EvalParams,
+    sp: ScoringParams,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Score every model in ``specs`` on ``items``: (scored rows, timing rows)."""
+    if items.empty:
+        return pd.DataFrame(columns=SCORED_COLUMNS), pd.DataFrame(columns=TIMING_COLUMNS)
+    chats, contexts = prompts_and_contexts(items, kb)
+    scored, timed = [], []
+    for spec in specs:
+        gens = generate_for(spec, base_dir, chats, p)
+        scored.append(score_generations(spec.role, items, gens, contexts, sp))
+        timed.append(timing_rows(spec.role, items, gens))
+    return pd.concat(scored, ignore_index=True), pd.concat(timed, ignore_index=True)
+
+
+def manifest(
+    specs: Sequence[ModelSpec],
+    incumbent: ModelSpec | None,
+    base_dir: Path | str,
+    admitted_dir: Path | str,
+    n_items: int,
+) -> dict[str, Any]:
+    """What was evaluated: models with hashes, the production adapter, the base hash and every admitted file's hash."""
+    admitted_dir = Path(admitted_dir)
+    files = sorted(p for p in admitted_dir.iterdir() if p.is_file())
+    return {
+        "n_items": n_items,
+        "base_sha256": base_sha256(base_dir),
+        "models": [dataclasses.asdict(s) for s in specs],
+        "production": dataclasses.asdict(incumbent) if incumbent is not None else {},
+        "datasets": {p.name: io.sha256_file(p) for p in files},
+    }
+
+
+def _rates(rows: pd.DataFrame) -> dict[str, float]:
+    core = rows[[f"{k}_correct" for k in CORE_FIELDS]].all(axis=1)
+    return {
+        "overall": float(rows["overall"].mean()),
+        "pass_rate": float(rows["pass"].mean()),
+        "value_accuracy": float(rows["value_correct"].mean()),
+        "evidence_accuracy": float(rows["evidence_correct"].mean()),
+        "core_accuracy": float(core.mean()),
+        "hallucination_rate": float(rows["hallucination"].mean()),
+        "wrong_fact_rate": float(rows["wrong_fact"].mean()),
+        "parse_rate": float(rows["parse_ok"].mean()),
+        "mean_new_tokens": float(rows["new_tokens"].mean()),
+    }
+
+
+def _speed(times: pd.DataFrame) -> dict[str, float]:
+    wall_s = float(times.drop_duplicates("batch_index")["batch_wall_ms"].sum()) / 1000.0
+    return {
+        "p50_latency_ms": float(np.percentile(times["latency_ms"], 50)),
+        "p95_latency_ms": float(np.percentile(times["latency_ms"], 95)),
+        "items_per_s": float(len(times) / wall_s) if wall_s > 0 else 0.0,
+    }
+
+
+def flat_metrics(scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[ModelSpec]) -> dict[str, Any]:
+    """Flat per-model metrics ``<role>_<metric>`` plus what was evaluated."""
+    roles = {s.role: s for s in specs}
+    out: dict[str, Any] = {f"has_{r}": int(r in roles) for r in ROLES[1:]}
+    out["n_items"] = int(scored["item_id"].nunique()) if len(scored) else 0
+    out["incumbent_batch"] = roles["incumbent"].batch if "incumbent" in roles else ""
+    for role in roles if len(scored) else ():
+        rows, times = scored[scored["model"] == role], timings[timings["model"] == role]
+        out.update({f"{role}_{k}": round(v, 6) for k, v in {**_rates(rows), **_speed(times)}.items()})
+    return out
+
+
+def check_pairing(scored: pd.DataFrame) -> None:
+    """Every model answered the same items in the same order (the gate's pairing)."""
+    orders = {
+        role: list(g.sort_values("position")["item_id"]) for role, g in scored.groupby("model", sort=True)
+    }
+    first = next(iter(orders.values()), [])
+    bad = [role for role, ids in orders.items() if ids != first]
+    if bad:
+        raise ClapError(
+            f"models {bad} were not evaluated on the same items in the same order", rule="unpaired_eval"
+        )
+
+
+def read_scored(eval_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, Mapping[str, Any]]:
+    """Read an eval folder: scored items, timings and the manifest (loud on anything missing)."""
+    eval_dir = Path(eval_dir)
+    scored = io.read_parquet(eval_dir / "items.parquet")
+    timings = io.read_parquet(eval_dir / "timings.parquet")
+    meta = io.read_json(eval_dir / "manifest.json")
+    if not isinstance(meta, dict) or "models" not in meta:
+        raise ClapError(
+            "eval manifest lacks 'models'", file=eval_dir / "manifest.json", rule="corrupt_manifest"
+        )
+    if len(scored):
+        check_pairing(scored)
+    return scored, timings, meta

@@ -1,0 +1,527 @@
+"""The post-training gate: promote(M') iff quality(M') >= quality(M) and risk(M') <= tau.
+
+Each check caps the decision (promote > canary > hold > reject); the decision is the
+lowest cap and the rule is the check that set it, so every outcome carries the exact
+reason and all the others. Quality: one-sided exact McNemar on paired pass/fail against
+the baseline M with a pre-registered margin delta* and a lower confidence bound; risk:
+hallucination and wrong-fact rates, regressed items, p95 latency against bounds; plus the
+training health and the admission verdict; and the application-chain replay's numbers
+(``chain_*`` checks, policy ``gate.chain``: the gate stage runs after replay). Mapping
+(research notes, Argo Rollouts):
+inconclusive -> hold, failed -> reject, quality passes with a risk near its bound ->
+canary, not admitted or training failed -> reject. A rate over its bound is "failed" only
+when its exact one-sided lower bound is over it too; at the demo's N = 40 one extra
+hallucination (3/40 against 0.05) is noise, so it holds for a human instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from clap import vcs
+from clap.errors import ClapError
+from clap.judge.stats import PairedResult, minimum_detectable_effect, paired_test, rate_lcb, required_pairs
+from clap.task.scoring import SLICES
+
+DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
+DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
+CHAIN_PREFIX = "chain_"  # names of the checks on the application-chain replay
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPolicy:
+    """Params ``gate.chain``: what the application-chain replay (metrics/replay) must show."""
+
+    core_tolerance: float
+    evidence_tolerance: float
+    value_tolerance: float
+    min_value_accuracy: float
+    latency_soft_budget_ms: float
+
+    def __post_init__(self) -> None:
+        if (
+            min(
+                self.core_tolerance,
+                self.evidence_tolerance,
+                self.value_tolerance,
+                self.latency_soft_budget_ms,
+            )
+            < 0
+            or not 0 <= self.min_value_accuracy <= 1
+        ):
+            raise ClapError(
+                "gate.chain: tolerances and latency budget >= 0, min_value_accuracy in [0, 1]",
+                file="params.yaml",
+                column="gate.chain",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GateParams:
+    """Params section ``gate`` (the pre-registered release policy)."""
+
+    baseline: str
+    alpha: float
+    delta_star: float
+    lcb_floor: float
+    power: float
+    planning_discordance: float
+    max_hallucination_rate: float
+    max_wrong_fact_rate: float
+    max_regressed_rate: float
+    max_p95_latency_ms: float
+    risk_alpha: float
+    near_bound: float
+    health: dict[str, str]
+    min_prompt_masked: float
+    unmasked: str
+    max_regressed_samples: int
+    chain: ChainPolicy
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in {**self.health, "unmasked": self.unmasked}.items() if v not in DECISIONS}
+        if (
+            self.baseline not in ("incumbent", "base")
+            or bad
+            or not 0.0 < self.near_bound <= 1.0
+            or not 0.0 < self.risk_alpha < 1.0
+            or not 0.0 <= self.min_prompt_masked <= 1.0
+        ):
+            raise ClapError(
+                f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, 0 < risk_alpha < 1, "
+                f"0 <= min_prompt_masked <= 1 (bad decisions: {bad})",
+                file="params.yaml",
+                column="gate",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One gate check: the best decision it allows and why."""
+
+    name: str
+    cap: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GateResult:
+    """The decision with its rule, every check, and the numbers behind them."""
+
+    decision: str
+    rule: str
+    checks: list[Check]
+    numbers: dict[str, Any]
+    regressed: pd.DataFrame
+
+
+def choose_baseline(meta: Mapping[str, Any], p: GateParams) -> tuple[str, str]:
+    """(baseline role, why): the incumbent when policy and availability allow, else the base."""
+    models = {m["role"]: m for m in meta["models"]}
+    if p.baseline == "base":
+        return "base", "policy compares against the base model"
+    if "incumbent" in models:
+        inc = models["incumbent"]
+        return (
+            "incumbent",
+            f"incumbent adapter in production (batch {inc['batch']}, sha256 {inc['adapter_sha256'][:12]})",
+        )
+    production = meta.get("production") or {}
+    if production and models.get("candidate", {}).get("adapter_sha256") == production.get("adapter_sha256"):
+        return (
+            "base",
+            f"the candidate IS the production adapter (batch {production.get('batch')}); compared against the base, not itself",
+        )
+    return "base", "no adapter in production: compared against the base model"
+
+
+def admission_check(admit: Mapping[str, Any]) -> Check:
+    """Reject a batch the pre-training gate did not admit."""
+    admitted = _require(admit, "admitted", "metrics/admit")
+    if admitted not in (0, 1):  # True/False compare equal to 1/0
+        raise ClapError(
+            f"metrics/admit 'admitted' must be 0 or 1, got {admitted!r}", column="admitted", rule="bad_metric"
+        )
+    if admitted == 1:
+        return Check("admission", "promote", "batch admitted by the pre-training gate")
+    return Check("admission", "reject", "batch NOT admitted by the pre-training gate")
+
+
+def health_check(train: Mapping[str, Any], p: GateParams) -> Check:
+    """Cap by training health (policy map, e.g. nan/alarm/skipped -> reject, stopped -> hold)."""
+    health = str(_require(train, "health", "metrics/train"))
+    if health not in p.health:
+        raise ClapError(
+            f"training health {health!r} has no entry in params gate.health {sorted(p.health)}",
+            column="health",
+            rule="unknown_health",
+        )
+    return Check("training_health", p.health[health], f"training health {health!r}{_health_detail(train)}")
+
+
+def masking_check(train: Mapping[str, Any], p: GateParams) -> Check:
+    """Cap when the training loss covered prompt tokens: the share of prompt tokens whose labels
+    were masked, measured on the trainer's own dataset (TRL trains on the prompt of
+    ``messages``/``text`` datasets unless told; the loss still falls and the detector may not see it)."""
+    if not train.get("trained", 1):
+        return Check("loss_masking", "promote", "not trained")
+    masked = float(_require(train, "masked_tokens_fraction", "metrics/train")) * float(
+        _require(train, "label_tokens", "metrics/train")
+    )
+    share = masked / max(float(_require(train, "prompt_tokens", "metrics/train")), 1.0)
+    text = f"{share:.1%} of prompt tokens masked from the loss (minimum {p.min_prompt_masked:.0%})"
+    return Check("loss_masking", p.unmasked if share < p.min_prompt_masked else "promote", text)
+
+
+def _health_detail(train: Mapping[str, Any]) -> str:
+    """What the training record says about its health: the alarm, the stop, or why it was skipped."""
+    if not train.get("trained", 1):
+        return f": not trained ({train.get('skip_reason', 'no reason recorded')})"
+    parts = []
+    if int(train.get("detector_alarm_step", -1)) > 0:
+        parts.append(
+            f"TBDL detector alarm at step {train['detector_alarm_step']} of {train.get('planned_steps', '?')} "
+            f"(max log E {float(train.get('detector_max_log_e', float('nan'))):.2f} >= {float(train.get('detector_log_threshold', float('nan'))):.2f})"
+        )
+    if int(train.get("stop_step", -1)) > 0:
+        parts.append(f"training stopped at step {train['stop_step']}")
+    return ": " + "; ".join(parts) if parts else ""
+
+
+def quality_check(test: PairedResult, p: GateParams) -> Check:
+    """Pass: p < alpha, delta >= delta* and LCB >= floor; gain below delta*: fail; else inconclusive."""
+    stats = f"b={test.b}, c={test.c}, N={test.n}, delta={test.delta:+.3f}, p={test.pvalue:.4f}, LCB={test.lcb:+.3f}"
+    if test.delta < p.delta_star:
+        return Check(
+            "quality", "reject", f"gain below the pre-registered margin delta*={p.delta_star} ({stats})"
+        )
+    if test.pvalue < p.alpha and test.lcb >= p.lcb_floor:
+        return Check("quality", "promote", f"significant gain >= delta* ({stats})")
+    return Check(
+        "quality",
+        "hold",
+        f"gain >= delta* but not conclusive at alpha={p.alpha}, LCB floor {p.lcb_floor} ({stats})",
+    )
+
+
+def bound_check(
+    name: str, value: float, bound: float, p: GateParams, unit: str = "", *, lcb: float | None = None
+) -> Check:
+    """A risk against its bound: over -> reject, within near_bound x bound of it -> canary.
+
+    With ``lcb`` (the rate's exact one-sided lower bound) a value over the bound rejects only
+    when the lower bound is over it too; otherwise the excess may be sampling noise: hold.
+    """
+    text = f"{name} {value:.4g}{unit} vs bound {bound:g}{unit}"
+    eps = 1e-12 * max(1.0, abs(bound))  # rates are ratios of counts: 4/100 must meet 0.8 x 0.05
+    if value > bound + eps:
+        if lcb is None or lcb > bound + eps:
+            return Check(
+                name,
+                "reject",
+                f"{text}: over the bound"
+                + ("" if lcb is None else f" ({1 - p.risk_alpha:.0%} lower bound {lcb:.4g})"),
+            )
+        return Check(
+            name,
+            "hold",
+            f"{text}: over the bound, but not beyond sampling noise ({1 - p.risk_alpha:.0%} lower bound {lcb:.4g} <= bound)",
+        )
+    if value >= p.near_bound * bound - eps:
+        return Check(name, "canary", f"{text}: near the bound (>= {p.near_bound:g} x bound)")
+    return Check(name, "promote", f"{text}: within")
+
+
+def paired_frame(scored: pd.DataFrame, candidate: str, baseline: str) -> pd.DataFrame:
+    """Candidate and baseline rows side by side per item, in eval order."""
+    cols = ["item_id", "position", *SLICES, "pass", "output", "overall"]
+    c = scored[scored["model"] == candidate][cols].set_index("item_id")
+    b = scored[scored["model"] == baseline][["item_id", "pass", "output", "overall"]].set_index("item_id")
+    if len(c) == 0 or len(b) == 0 or set(c.index) != set(b.index):
+        raise ClapError(
+            f"eval records do not pair {candidate!r} with {baseline!r} on the same items",
+            rule="unpaired_eval",
+        )
+    return c.join(b, rsuffix="_baseline").sort_values("position").reset_index()
+
+
+def regressed_items(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Items the baseline got right and the candidate got wrong."""
+    return pairs[pairs["pass_baseline"] & ~pairs["pass"]].reset_index(drop=True)
+
+
+def regressions_by_slice(regressed: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Count of regressed items per value of each slice column (metric, line, source, ...)."""
+    return {s: {str(k): int(v) for k, v in regressed[s].value_counts().sort_index().items()} for s in SLICES}
+
+
+def _chain_not_worse(name: str, m: Mapping[str, Any], key: str, tol: float) -> Check:
+    a, b = float(_require(m, f"A_{key}", "metrics/replay")), float(_require(m, f"B_{key}", "metrics/replay"))
+    text = f"chain B {b:.3f} vs A {a:.3f} (tolerance {tol:g})"
+    if b < a - tol - 1e-12:  # rates are ratios of counts: equality must not flip on float noise
+        return Check(name, "hold", f"{text}: the adapter is worse inside the chain than the base")
+    return Check(name, "promote", f"{text}: not worse")
+
+
+def chain_checks(replay: Mapping[str, Any], p: ChainPolicy) -> list[Check]:
+    """The replay's numbers (A base+RAG, B adapter+RAG) against ``gate.chain``: B not worse than A
+    on core fields, answer evidence and value; B's value accuracy over a floor (an adapter that
+    wins offline but not inside the application chain is held); the adapter's p95 latency cost
+    over a soft budget caps at canary."""
+    if not _require(replay, "n_cases", "metrics/replay"):
+        return [Check("chain_cases", "hold", "no replay cases: the chain was not exercised")]
+    if not (_require(replay, "A_run", "metrics/replay") and _require(replay, "B_run", "metrics/replay")):
+        return [
+            Check(
+                "chain_adapter",
+                "hold",
+                "no trained adapter: replay conditions B and D not run, nothing to release",
+            )
+        ]
+    checks = [
+        _chain_not_worse("chain_core_fields", replay, "core_accuracy", p.core_tolerance),
+        _chain_not_worse("chain_answer_evidence", replay, "answer_evidence_rate", p.evidence_tolerance),
+        _chain_not_worse("chain_value", replay, "value_accuracy", p.value_tolerance),
+    ]
+    b = float(replay["B_value_accuracy"])
+    floor = f"chain B value accuracy {b:.3f} vs floor {p.min_value_accuracy:g}"
+    checks.append(
+        Check(
+            "chain_value_floor",
+            "hold",
+            f"{floor}: the offline gain does not carry into the application chain",
+        )
+        if b < p.min_value_accuracy - 1e-12
+        else Check("chain_value_floor", "promote", f"{floor}: the chain answers")
+    )
+    cost = float(_require(replay, "adapter_latency_cost_ms", "metrics/replay"))
+    over = cost > p.latency_soft_budget_ms
+    checks.append(
+        Check(
+            "chain_latency_cost",
+            "canary" if over else "promote",
+            f"adapter p95 latency cost in the chain {cost:+.0f} ms vs soft budget {p.latency_soft_budget_ms:g} ms"
+            + (": over, canary first" if over else ""),
+        )
+    )
+    return checks
+
+
+def decide(checks: Sequence[Check]) -> tuple[str, str]:
+    """(decision, rule): the lowest cap and the first check that set it (``all_checks_passed`` when none capped)."""
+    low = min(checks, key=lambda c: DECISION_CODE[c.cap])
+    return low.cap, (low.name if low.cap != "promote" else "all_checks_passed")
+
+
+def offline_decision(checks: Iterable[Check]) -> tuple[str, str]:
+    """(decision, rule) without the ``chain_*`` checks: held-out eval, training and admission only."""
+    return decide([c for c in checks if not c.name.startswith(CHAIN_PREFIX)])
+
+
+def _require(record: Mapping[str, Any], key: str, what: str) -> Any:
+    if key not in record:
+        raise ClapError(f"{what} record lacks {key!r}", column=key, rule="missing_metric")
+    return record[key]
+
+
+def p95_latency(timings: pd.DataFrame, role: str) -> float:
+    """p95 of the apportioned per-item latency of one model (ms)."""
+    rows = timings[timings["model"] == role]["latency_ms"]
+    if rows.empty:
+        raise ClapError(f"no timings for model {role!r}", rule="missing_timings")
+    return float(rows.quantile(0.95))
+
+
+def risk_checks(
+    scored: pd.DataFrame, timings: pd.DataFrame, regressed: pd.DataFrame, p: GateParams
+) -> tuple[list[Check], dict[str, float]]:
+    """Hallucination, wrong-fact, regression and latency checks of the candidate."""
+    cand = scored[scored["model"] == "candidate"]
+    n = len(cand)
+    counts = {
+        "hallucination": int(cand["hallucination"].sum()),
+        "wrong_fact": int(cand["wrong_fact"].sum()),
+        "regressed": int(len(regressed)),
+    }
+    bounds = {
+        "hallucination": p.max_hallucination_rate,
+        "wrong_fact": p.max_wrong_fact_rate,
+        "regressed": p.max_regressed_rate,
+    }
+    numbers: dict[str, float] = {"regressed_count": counts["regressed"]}
+    checks = []
+    for name, k in counts.items():
+        rate, lcb = k / n, rate_lcb(k, n, p.risk_alpha)
+        numbers.update({f"{name}_rate": rate, f"{name}_rate_lcb": lcb})
+        checks.append(bound_check(f"{name}_rate", rate, bounds[name], p, lcb=lcb))
+    numbers["p95_latency_ms"] = p95_latency(timings, "candidate")
+    checks.append(bound_check("p95_latency_ms", numbers["p95_latency_ms"], p.max_p95_latency_ms, p, " ms"))
+    return checks, numbers
+
+
+def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> dict[str, Any]:
+    """Flat quality numbers: the test, pass rates and overall of both sides, MDE and planned N."""
+    return {
+        "n_items": test.n,
+        "b": test.b,
+        "c": test.c,
+        "delta": test.delta,
+        "pvalue": test.pvalue,
+        "lcb": test.lcb,
+        "discordance": test.discordance,
+        "candidate_pass_rate": float(pairs["pass"].mean()),
+        "baseline_pass_rate": float(pairs["pass_baseline"].mean()),
+        "candidate_overall": float(pairs["overall"].mean()),
+        "baseline_overall": float(pairs["overall_baseline"].mean()),
+        "mde_observed": minimum_detectable_effect(test.n, test.discordance, p.alpha, p.power),
+        "mde_planned": minimum_detectable_effect(test.n, p.planning_discordance, p.alpha, p.power),
+        "n_required_planned": required_pairs(p.delta_star, p.planning_discordance, p.alpha, p.power),
+    }
+
+
+def run_gate(
+    scored: pd.DataFrame,
+    timings: pd.DataFrame,
+    meta: Mapping[str, Any],
+    train: Mapping[str, Any],
+    admit: Mapping[str, Any],
+    p: GateParams,
+    extra_checks: Sequence[Check] = (),
+) -> GateResult:
+    """Apply the gate policy to one batch's eval records and training/admission records.
+
+    ``extra_checks`` cap the decision too, listed after the gate's own (so on a tie the rule
+    names an offline check): a held GRPO probe when params say it holds SFT, the chain checks.
+    """
+    checks = [admission_check(admit), health_check(train, p), masking_check(train, p)]
+    baseline, why = choose_baseline(meta, p)
+    numbers: dict[str, Any] = {"baseline": baseline, "baseline_reason": why}
+    regressed = pd.DataFrame(
+        columns=["item_id", *SLICES, "output", "output_baseline"]
+    )  # none without a candidate
+    if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
+        checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
+    else:
+        pairs = paired_frame(scored, "candidate", baseline)
+        test = paired_test(pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool), p.alpha)
+        regressed = regressed_items(pairs)
+        risks, risk_numbers = risk_checks(scored, timings, regressed, p)
+        checks += [quality_check(test, p), *risks]
+        numbers.update(quality_numbers(test, pairs, p), **risk_numbers)
+    checks += extra_checks
+    decision, rule = decide(checks)
+    return GateResult(decision, rule, checks, numbers, regressed)
+
+
+def flat_metrics(result: GateResult) -> dict[str, Any]:
+    """The flat gate metrics: decision (text and code), rule, the decision without the chain
+    checks (``offline_*``: held-out eval, training and admission only), numbers, each check's cap."""
+    offline = offline_decision(result.checks)
+    out = {
+        "decision": result.decision,
+        "decision_code": DECISION_CODE[result.decision],
+        "rule": result.rule,
+        "offline_decision": offline[0],
+        "offline_rule": offline[1],
+    }
+    out.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in result.numbers.items()})
+    out.update({f"check_{c.name}": c.cap for c in result.checks})
+    return out
+
+
+def regressed_samples(regressed: pd.DataFrame, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` regressed items with both answers (for the evidence bundle)."""
+    cols = ["item_id", *SLICES, "output_baseline", "output"]
+    rows = regressed[cols].head(limit).rename(columns={"output": "output_candidate"})
+    return rows.to_dict("records")
+
+
+def evidence_bundle(
+    result: GateResult,
+    batch: str,
+    meta: Mapping[str, Any],
+    items_sha256: str,
+    params_used: Mapping[str, Any],
+    p: GateParams,
+) -> dict[str, Any]:
+    """Everything the decision rests on: hashes of data, params, models and records; the regressions."""
+    models = {m["role"]: m for m in meta["models"]}
+    return {
+        "batch": batch,
+        "decision": result.decision,
+        "decision_code": DECISION_CODE[result.decision],
+        "rule": result.rule,
+        "reasons": [dataclasses.asdict(c) for c in result.checks],
+        "numbers": result.numbers,
+        "datasets_sha256": dict(meta["datasets"]),
+        "params": dict(params_used),
+        "base_sha256": meta["base_sha256"],
+        "adapter_sha256": models.get("candidate", {}).get("adapter_sha256", ""),
+        "incumbent": models.get("incumbent", {}),
+        "eval_items_sha256": items_sha256,
+        "git_commit": vcs.commit_or_unknown(),
+        "regressed": {
+            "count": int(len(result.regressed)),
+            "item_ids": [str(i) for i in result.regressed["item_id"]],
+            "by_slice": regressions_by_slice(result.regressed),
+            "samples": regressed_samples(result.regressed, p.max_regressed_samples),
+        },
+    }
+
+
+CHAIN_REPORTED = (
+    ("value", "value_accuracy"),
+    ("core fields", "core_accuracy"),
+    ("answer evidence", "answer_evidence_rate"),
+)
+
+
+def render_report(evidence: Mapping[str, Any]) -> str:
+    """A short, PR-ready markdown report of one gate decision."""
+    n = evidence["numbers"]
+    lines = [
+        f"# Gate {evidence['batch']}: **{evidence['decision'].upper()}** (rule: `{evidence['rule']}`)",
+        "",
+        f"Baseline: **{n['baseline']}** — {n['baseline_reason']}.",
+        "",
+        "| check | allows | detail |",
+        "|---|---|---|",
+        *[f"| {c['name']} | {c['cap']} | {c['detail']} |" for c in evidence["reasons"]],
+    ]
+    if "delta" in n:
+        lines += [
+            "",
+            f"Quality: pass rate {n['baseline_pass_rate']:.3f} → {n['candidate_pass_rate']:.3f}, overall {n['baseline_overall']:.3f} → {n['candidate_overall']:.3f}; "
+            f"MDE at 80 % power with N={n['n_items']}: {n['mde_observed']:.3f} (observed discordance {n['discordance']:.2f}), "
+            f"{n['mde_planned']:.3f} (planned); N needed for delta* at the planned discordance: {n['n_required_planned']}.",
+        ]
+    chain = evidence.get("replay", {})
+    if chain.get("A_run") and chain.get("B_run"):
+        lines += [
+            "",
+            f"Application chain ({chain['n_cases']} replay cases, `reports/replay/{evidence['batch']}/report.md`), A base+RAG → B adapter+RAG: "
+            + ", ".join(
+                f"{label} {chain[f'A_{k}']:.3f} → {chain[f'B_{k}']:.3f}" for label, k in CHAIN_REPORTED
+            )
+            + f"; the decision without these `chain_*` checks: {offline_decision(Check(**c) for c in evidence['reasons'])[0]}.",
+        ]
+    reg = evidence["regressed"]
+    lines += ["", f"Regressed items (baseline right, candidate wrong): {reg['count']}"]
+    for col, counts in reg["by_slice"].items():
+        if counts:
+            lines.append(f"- by {col}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if reg["item_ids"]:
+        lines.append(f"- IDs: {', '.join(reg['item_ids'])}")
+    lines += [
+        "",
+        f"Evidence: `evidence.json` — base `{evidence['base_sha256'][:12]}`, adapter `{(evidence['adapter_sha256'] or 'none')[:12]}`, "
+        f"eval items `{evidence['eval_items_sha256'][:12]}`, commit `{evidence['git_commit'][:12]}`.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The cross-batch summary (CLAP's table): base -> candidate per batch, the mean, and the
+batches that regressed, flagged even when the mean improved; per batch the training health
+(detector alarm), the offline decision (held-out eval, training, admission) and the release
+decision (the gate with its application-chain checks)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from clap import io
+from clap.errors import ClapError
+from clap.judge.gating import DECISIONS
+
+LOWER_IS_BETTER = frozenset(
+    {"hallucination_rate", "wrong_fact_rate", "p50_latency_ms", "p95_latency_ms", "mean_new_tokens"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryParams:
+    """Params section ``summary``."""
+
+    metrics: list[str]
+    regression_metrics: list[str]
+    regression_tolerance: float
+
+    def __post_init__(self) -> None:
+        if not set(self.regression_metrics) <= set(self.metrics):
+            raise ClapError(
+                "summary.regression_metrics must be a subset of summary.metrics",
+                file="params.yaml",
+                column="summary",
+                rule="bad_params",
+            )
+
+
+def _get(record: dict[str, Any], key: str, file: Path) -> Any:
+    if key not in record:
+        raise ClapError(f"metrics file lacks {key!r}", file=file, column=key, rule="missing_metric")
+    return record[key]
+
+
+def _record(metrics_dir: Path, stage: str, batch: str) -> tuple[dict[str, Any], Path]:
+    path = metrics_dir / stage / f"{batch}.json"
+    record = io.read_json(path)
+    if not isinstance(record, dict):
+        raise ClapError("metrics file must be a flat JSON object", file=path, rule="corrupt_metrics")
+    return record, path
+
+
+def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str, Any]:
+    """One batch: training health, offline and release decision and, per metric, base, candidate and delta (None without a candidate)."""
+    (ev, eval_path), (gate, gate_path), (train, train_path) = (
+        _record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train")
+    )
+    row: dict[str, Any] = {
+        "batch": batch,
+        "health": _get(train, "health", train_path),
+        "alarm_step": int(_get(train, "detector_alarm_step", train_path)),
+        "alarm_fraction": float(_get(train, "alarm_fraction", train_path)),
+        "offline_decision": _get(gate, "offline_decision", gate_path),
+        "decision": _get(gate, "decision", gate_path),
+        "rule": _get(gate, "rule", gate_path),
+        "has_candidate": bool(_get(ev, "has_candidate", eval_path)),
+    }
+    for m in p.metrics:
+        base = float(_get(ev, f"base_{m}", eval_path))
+        cand = float(_get(ev, f"candidate_{m}", eval_path)) if row["has_candidate"] else None
+        row.update(
+            {f"base_{m}": base, f"candidate_{m}": cand, f"delta_{m}": None if cand is None else cand - base}
+        )
+    row["regressed"] = is_regressed(row, p)
+    return row
+
+
+def is_regressed(row: dict[str, Any], p: SummaryParams) -> bool:
+    """The candidate is worse than base by more than the tolerance on any regression metric."""
+    for m in p.regression_metrics:
+        delta = row[f"delta_{m}"]
+        worse = None if delta is None else (delta if m in LOWER_IS_BETTER else -delta)
+        if worse is not None and worse > p.regression_tolerance:
+            return True
+    return False
+
+
+def summarize(rows: Sequence[dict[str, Any]], p: SummaryParams) -> dict[str, Any]:
+    """Flat summary: means over batches with a candidate, regressed batches, decision counts."""
+    trained = [r for r in rows if r["has_candidate"]]
+    regressed = [r["batch"] for r in rows if r["regressed"]]
+    out: dict[str, Any] = {
+        "n_batches": len(rows),
+        "n_with_candidate": len(trained),
+        "n_regressed_batches": len(regressed),
+        "regressed_batches": ",".join(regressed),
+    }
+    out.update({f"decisions_{d}": sum(r["decision"] == d for r in rows) for d in DECISIONS})
+    out["n_detector_alarms"] = sum(r["alarm_step"] > 0 for r in rows)
+    for m in p.metrics if trained else ():
+        for kind in ("base", "candidate", "delta"):
+            out[f"mean_{kind}_{m}"] = round(sum(r[f"{kind}_{m}"] for r in trained) / len(trained), 6)
+    main = p.regression_metrics[0] if p.regression_metrics else None
+    improved = bool(
+        main
+        and trained
+        and (out[f"mean_delta_{main}"] < 0 if main in LOWER_IS_BETTER else out[f"mean_delta_{main}"] > 0)
+    )
+    out["mean_improved_but_batch_regressed"] = improved and bool(regressed)
+    return out
+
+
+def _training(row: dict[str, Any]) -> str:
+    """Training health, with the detector's alarm step and its fraction of the planned steps."""
+    if row["alarm_step"] > 0:
+        return f"{row['health']} (alarm at step {row['alarm_step']}, {row['alarm_fraction']:.0%} of steps)"
+    return row["health"]
+
+
+def _cell(row: dict[str, Any], m: str) -> str:
+    if row[f"candidate_{m}"] is None:
+        return f"{row[f'base_{m}']:.4g} → —"
+    return f"{row[f'base_{m}']:.4g} → {row[f'candidate_{m}']:.4g} ({row[f'delta_{m}']:+.4g})"
+
+
+def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: SummaryParams) -> str:
+    """The cross-batch table (base → candidate (delta) per metric), the mean row and the flags."""
+    head = ["batch", "training", "offline", "decision", *p.metrics, "regressed"]
+    lines = [
+        "# Cross-batch summary (base → candidate)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        flag = "**REGRESSED**" if r["regressed"] else ("no candidate" if not r["has_candidate"] else "")
+        lines.append(
+            f"| {r['batch']} | {_training(r)} | {r['offline_decision']} | **{r['decision']}** | "
+            + " | ".join(_cell(r, m) for m in p.metrics)
+            + f" | {flag} |"
+        )
+    if flat["n_with_candidate"]:
+        means = [
+            f"{flat[f'mean_base_{m}']:.4g} → {flat[f'mean_candidate_{m}']:.4g} ({flat[f'mean_delta_{m}']:+.4g})"
+            for m in p.metrics
+        ]
+        lines.append(f"| mean ({flat['n_with_candidate']} trained) | | | | " + " | ".join(means) + " | |")
+    lines += [
+        "",
+        "Decisions (offline: held-out eval, training, admission; decision: with the application-chain checks): "
+        + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS))
+        + ".",
+    ]
+    lines += [f"- {r['batch']}: {r['decision']} by rule `{r['rule']}`" for r in rows]
+    if flat["regressed_batches"]:
+        note = " even though the mean improved" if flat["mean_improved_but_batch_regressed"] else ""
+        lines.append(
+            f"Regressed batches (candidate worse than base on {', '.join(p.regression_metrics)}){note}: **{flat['regressed_batches']}**."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_frame(rows: Sequence[dict[str, Any]], p: SummaryParams) -> pd.DataFrame:
+    """Per-batch deltas (columns ``<metric>_delta``) for a `dvc plots` bar chart; no candidate: 0, flagged."""
+    data = [
+        {
+            "batch": r["batch"],
+            "has_candidate": int(r["has_candidate"]),
+            **{f"{m}_delta": round(r[f"delta_{m}"] or 0.0, 6) for m in p.metrics},
+        }
+        for r in rows
+    ]
+    return pd.DataFrame(data, columns=["batch", "has_candidate", *[f"{m}_delta" for m in p.metrics]])

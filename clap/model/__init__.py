@@ -1,0 +1,1 @@
+"""The pinned base model (export, loading, adapter files) and batched greedy decoding."""

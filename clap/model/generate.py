@@ -1,0 +1,232 @@
+"""Batched greedy generation for chat prompts: shared-prefix KV, left padding, shrinking batches.
+
+Every prompt starts with the same tokens (chat template + system prompt: 67 of ~150 tokens in
+the demo), so their keys and values are computed once and copied into each batch's cache.
+Prompts are sorted by token length so a batch pads little, each batch's suffixes are
+left-padded after the shared prefix (position ids skip the padding, the attention mask hides
+it), and a plain greedy loop decodes them: a row leaves the batch as soon as it emits an
+end-of-sequence token or reaches the budget, so one rambling answer does not keep the other
+rows' compute alive. Keys and values are written into buffers sized for the whole batch up
+front instead of being re-concatenated each step (``DynamicCache`` copies the whole cache on
+every token). The arithmetic is the model's own forward pass, so answers are those of
+per-item ``model.generate`` (``benchmarks/eval_speed.py`` checks token equality).
+
+Each item gets its share of its batch's wall time (apportioned by new tokens, which dominate
+decoding cost) and the batch's wall time itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+Messages = list[dict[str, str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One generated answer.
+
+    Attributes:
+        text: decoded new tokens (special tokens removed).
+        new_tokens: generated tokens up to and including the first end-of-sequence token.
+        prompt_tokens: tokens of the templated prompt.
+        latency_ms: this item's share of its batch's wall time.
+        batch_wall_ms: wall time of the whole batch the item was generated in.
+        batch_size: items in that batch.
+        batch_index: which batch (0-based, in generation order).
+    """
+
+    text: str
+    new_tokens: int
+    prompt_tokens: int
+    latency_ms: float
+    batch_wall_ms: float
+    batch_size: int
+    batch_index: int
+
+
+def encode_chats(tokenizer: Any, chats: Sequence[Messages]) -> list[list[int]]:
+    """Token ids of each chat through the tokenizer's chat template, with the generation prompt."""
+    return [
+        list(
+            tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for m in chats
+    ]
+
+
+def stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence token ids: the model's generation config plus the tokenizer's eos."""
+    ids = getattr(model.generation_config, "eos_token_id", None)
+    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """Tokens every row starts with, leaving at least one token of each row to feed after them."""
+    if not rows:
+        return 0
+    return min(len(os.path.commonprefix([list(r) for r in rows])), min(len(r) for r in rows) - 1)
+
+
+def _buffered_cache(prefix: Any, rows: int, capacity: int) -> Any:
+    """A cache of ``rows`` copies of ``prefix`` (a one-row cache, or None) that grows in place."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        """A ``DynamicLayer`` appending into preallocated buffers (views, no per-token concatenation)."""
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                shape = (key_states.shape[0], key_states.shape[1], capacity, key_states.shape[3])
+                self._k, self._v, self._n = key_states.new_empty(shape), value_states.new_empty(shape), 0
+            n = self._n + key_states.shape[-2]
+            self._k[:, :, self._n : n] = key_states
+            self._v[:, :, self._n : n] = value_states
+            self._n = n
+            self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, : self._n], self._v[:, :, : self._n]
+
+    layers = []
+    for layer in prefix.layers if prefix is not None else []:
+        new = BufferedLayer()
+        new.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+        layers.append(new)
+    return Cache(layers=layers) if layers else Cache(layer_class_to_replicate=BufferedLayer)
+
+
+def _greedy(
+    model: Any,
+    prefix: Any,
+    prefix_len: int,
+    rows: Sequence[Sequence[int]],
+    pad_id: int,
+    max_new_tokens: int,
+    stops: set[int],
+) -> list[list[int]]:
+    """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token."""
+    import torch
+
+    device, n, width = model.device, len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    suffix_mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        suffix_mask[i, width - len(r) :] = 1
+    positions = (prefix_len + suffix_mask.cumsum(-1) - 1).clamp(min=0)
+    mask = torch.cat([torch.ones((n, prefix_len), dtype=torch.long), suffix_mask], dim=1).to(device)
+    cache = _buffered_cache(prefix, n, prefix_len + width + max_new_tokens)
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask,
+        position_ids=positions.to(device),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    last = positions[:, -1:].to(device)
+    alive, generated = list(range(n)), [[] for _ in range(n)]
+    while True:
+        tokens = out.logits[:, -1].argmax(-1)
+        keep = []
+        for j, (row, tok) in enumerate(zip(alive, tokens.tolist())):
+            generated[row].append(tok)
+            if tok not in stops and len(generated[row]) < max_new_tokens:
+                keep.append(j)
+        if not keep:
+            return generated
+        if len(keep) < len(alive):
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            alive, tokens, mask, last = [alive[j] for j in keep], tokens[index], mask[index], last[index]
+        mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+        last = last + 1
+        out = model(
+            input_ids=tokens[:, None], attention_mask=mask, position_ids=last, cache=cache, use_cache=True
+        )
+
+
+def generate_batched(
+    model: Any,
+    tokenizer: Any,
+    chats: Sequence[Messages],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    desc: str = "generate",
+) -> list[Generation]:
+    """Greedy answers to ``chats`` in input order.
+
+    Args:
+        model: any Hugging Face causal LM (eval mode).
+        tokenizer: its tokenizer; needs a chat template and a pad token.
+        chats: one message list per item (``clap.task.prompt.build_messages``).
+        batch_size: prompts decoded together (1 = unbatched).
+        max_new_tokens: generation budget per item.
+        desc: progress bar label.
+
+    Returns:
+        One :class:`Generation` per chat, same order as ``chats``.
+    """
+    import torch
+
+    if tokenizer.pad_token_id is None:
+        raise ValueError("tokenizer has no pad token (clap.model.base.load_tokenizer sets one)")
+    encoded = encode_chats(tokenizer, chats)
+    stops = set(stop_ids(model, tokenizer))
+    prefix_len = shared_prefix_length(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]), i))  # stable: ties keep input order
+    results: list[Generation | None] = [None] * len(encoded)
+    with torch.inference_mode(), tqdm(total=len(encoded), desc=desc, unit="item", leave=False) as bar:
+        start = time.perf_counter()
+        prefix = None
+        if prefix_len:
+            prefix = model(
+                input_ids=torch.tensor([encoded[0][:prefix_len]], device=model.device),
+                use_cache=True,
+                logits_to_keep=1,
+            ).cache
+        prefix_ms = (time.perf_counter() - start) * 1000.0
+        for batch_index, lo in enumerate(range(0, len(order), batch_size)):
+            idx = order[lo : lo + batch_size]
+            start = time.perf_counter()
+            new_rows = _greedy(
+                model,
+                prefix,
+                prefix_len,
+                [encoded[i][prefix_len:] for i in idx],
+                tokenizer.pad_token_id,
+                max_new_tokens,
+                stops,
+            )
+            # the shared prefix's one forward pass is billed to the batches in proportion to their size
+            wall_ms = (time.perf_counter() - start) * 1000.0 + prefix_ms * len(idx) / len(encoded)
+            total = sum(len(r) for r in new_rows)
+            for i, row in zip(idx, new_rows):
+                text = tokenizer.decode(row, skip_special_tokens=True)
+                results[i] = Generation(
+                    text,
+                    len(row),
+                    len(encoded[i]),
+                    wall_ms * len(row) / total,
+                    wall_ms,
+                    len(idx),
+                    batch_index,
+                )
+            bar.update(len(idx))
+    return [r for r in results if r is not None]

@@ -1,0 +1,620 @@
+"""Release control: approve, release and roll back adapters through ``releases/`` in git.
+
+``releases/production.json`` is the pointer to what serves (batch, artifact hashes,
+decision, approval id, source commit); ``history.jsonl`` is the append-only log of
+release, hold and rollback events; ``approvals_used.jsonl`` is the ledger of consumed
+approval ids; ``trusted_keys/<approver>.pub`` are the only keys a release trusts.
+
+A release happens only when every check passes: a trusted, committed key signed the
+token, which is unexpired, unused, for this batch, and bound to hashes equal to the files
+on disk; the gate's current decision is promote or canary and equal to the token's; the
+evaluation ran against the current production adapter and its records are committed; the
+handoff artifacts validate and the cost is within budget. Then the pointer, history,
+ledger and handoff files are written and committed together; on any failure they are
+restored and nothing is committed. A rollback restores the previous pointer from git
+(the pointer as it was before the current release's commit), restores that adapter's
+bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from clap import io, params, vcs
+from clap.errors import ClapError
+from clap.release.approval import (
+    RELEASABLE,
+    Binding,
+    approver_of,
+    check_binding,
+    load_private_key,
+    load_trusted_keys,
+    mint_token,
+    verify_token,
+)
+from clap.release.handoff import (
+    CARD,
+    COST,
+    MANIFEST,
+    MISSING_LOCK,
+    CardParams,
+    CostParams,
+    Handoff,
+    build_handoff,
+    write_handoff,
+)
+
+RELEASES = Path("releases")
+POINTER = RELEASES / "production.json"
+HISTORY = RELEASES / "history.jsonl"
+LEDGER = RELEASES / "approvals_used.jsonl"
+TRUSTED = RELEASES / "trusted_keys"
+HANDOFF = RELEASES / "handoff"
+
+
+@dataclass(frozen=True)
+class ReleaseParams:
+    """params ``release``."""
+
+    audience: str
+    approval_ttl_s: int
+    max_approval_ttl_s: int
+    card: CardParams
+    cost: CostParams
+
+
+def load_params(root: Path) -> ReleaseParams:
+    """The ``release`` section of ``<root>/params.yaml``."""
+    return params.section("release", ReleaseParams, Path(root) / "params.yaml")
+
+
+# ---------------------------------------------------------------- paths and records
+
+
+def artifact_paths(batch: str) -> dict[str, Path]:
+    """Repository-relative paths of everything an approval of ``batch`` is bound to."""
+    return {
+        "gate": Path("metrics/gate") / f"{batch}.json",
+        "adapter": Path("models/adapters") / batch / "adapter_model.safetensors",
+        "adapter_config": Path("models/adapters") / batch / "adapter_config.json",
+        "eval": Path("data/eval") / batch / "items.parquet",
+        "evidence": Path("reports/gate") / batch / "evidence.json",
+    }
+
+
+def gate_decision(root: Path, batch: str) -> dict[str, Any]:
+    """The gate's flat decision record of ``batch`` (``decision`` must be a string)."""
+    path = Path(root) / artifact_paths(batch)["gate"]
+    record = io.read_json(path)
+    if not isinstance(record.get("decision"), str):
+        raise ClapError(
+            "gate record has no string 'decision'", file=path, column="decision", rule="bad_gate_record"
+        )
+    return record
+
+
+def current_binding(root: Path, batch: str) -> Binding:
+    """The batch's current gate decision and the sha256 of each bound artifact, from disk."""
+    root, paths = Path(root), artifact_paths(batch)
+    return Binding(
+        batch=batch,
+        decision=gate_decision(root, batch)["decision"],
+        adapter_sha256=io.sha256_file(root / paths["adapter"]),
+        adapter_config_sha256=io.sha256_file(root / paths["adapter_config"]),
+        eval_sha256=io.sha256_file(root / paths["eval"]),
+        evidence_sha256=io.sha256_file(root / paths["evidence"]),
+    )
+
+
+def read_pointer(root: Path) -> dict[str, Any]:
+    """The production pointer (``batch`` is None when nothing is released)."""
+    pointer = io.read_json(Path(root) / POINTER)
+    if not isinstance(pointer, dict) or "batch" not in pointer:
+        raise ClapError(
+            "production pointer has no 'batch' key", file=Path(root) / POINTER, rule="bad_pointer"
+        )
+    return pointer
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ClapError(f"not a JSON line: {e}", file=path, row=n, rule="corrupt_jsonl") from e
+    return rows
+
+
+def read_history(root: Path) -> list[dict[str, Any]]:
+    """All release/hold/rollback events, oldest first."""
+    return _read_jsonl(Path(root) / HISTORY)
+
+
+def used_approval_ids(root: Path) -> set[str]:
+    """Every approval id (jti) ever consumed."""
+    return {row["jti"] for row in _read_jsonl(Path(root) / LEDGER)}
+
+
+def _was_used(root: Path, jti: str) -> bool:
+    """In the ledger, or named by a release commit on any branch: a plain `git revert` of a
+    release commit drops its ledger line, the commit log keeps the approval id."""
+    if jti in used_approval_ids(root):
+        return True
+    subjects = vcs.git(root, "log", "--all", "--format=%s", "-F", f"--grep=(approval {jti})").splitlines()
+    return any(s.startswith("release ") for s in subjects)
+
+
+def release_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Releases still in effect, oldest first: a release pushes its pointer, a rollback pops."""
+    stack: list[dict[str, Any]] = []
+    for event in history:
+        if event["event"] == "release":
+            stack.append(event["pointer"])
+        elif event["event"] == "rollback":
+            stack.pop()
+    return stack
+
+
+def _append_line(text: str, row: dict[str, Any]) -> str:
+    return text + json.dumps(row, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------- git
+
+
+def _commit(root: Path, paths: list[Path], message: str) -> str:
+    names = list(map(str, paths))
+    vcs.git(root, "add", "--", *names)
+    vcs.git(root, "commit", "-q", "-m", message, "--only", "--", *names)
+    return vcs.head_commit(root)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """One release-state change at a time on this clone (the lock file lives in .git)."""
+    git_dir = Path(root) / vcs.git(root, "rev-parse", "--git-dir").strip()
+    with open(git_dir / "clap-release.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            raise ClapError(
+                "another clap release/rollback is running in this repository", rule="locked"
+            ) from e
+        yield
+
+
+@contextlib.contextmanager
+def _transaction(root: Path, paths: list[Path]) -> Iterator[None]:
+    """Restore ``paths`` (bytes, and their index entries) if the block raises: all or nothing."""
+    saved = {p: ((Path(root) / p).read_bytes() if (Path(root) / p).exists() else None) for p in paths}
+    try:
+        yield
+    except BaseException:
+        for p, data in saved.items():
+            if data is None:
+                (Path(root) / p).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a folder this transaction created goes too
+                    (Path(root) / p).parent.rmdir()
+            else:
+                io.atomic_write_bytes(Path(root) / p, data)
+        with contextlib.suppress(ClapError):
+            vcs.git(root, "reset", "-q", "--", *map(str, paths))
+        raise
+
+
+# ---------------------------------------------------------------- checks shared by approve and release
+
+
+def _require_fresh_evaluation(root: Path, batch: str) -> None:
+    """The gate must have compared the candidate with the adapter now in production.
+
+    eval@<batch> depends on releases/production.json; dvc.lock records the md5 of the
+    pointer it ran with. A different pointer now means the evidence is stale.
+    """
+    stage = (vcs.read_dvc_lock(root, MISSING_LOCK)["stages"]).get(f"eval@{batch}")
+    if stage is None:
+        raise ClapError(
+            f"dvc.lock has no stage eval@{batch}: run `dvc repro` first",
+            file="dvc.lock",
+            rule="not_evaluated",
+        )
+    recorded = [d.get("md5") for d in stage.get("deps", []) if d.get("path") == str(POINTER)]
+    if not recorded:
+        raise ClapError(
+            f"eval@{batch} in dvc.lock does not depend on {POINTER}", file="dvc.lock", rule="not_evaluated"
+        )
+    if recorded[0] != hashlib.md5((Path(root) / POINTER).read_bytes()).hexdigest():  # DVC 3 hashes raw bytes
+        raise ClapError(
+            f"batch {batch} was evaluated against a different production adapter than the current one: "
+            f"run `dvc repro` to re-evaluate it, then approve again",
+            rule="stale_evaluation",
+        )
+
+
+def _require_releasable_state(root: Path, binding: Binding) -> None:
+    """Checks on repository state shared by approve and release (records committed, evaluation fresh)."""
+    batch, paths = binding.batch, artifact_paths(binding.batch)
+    vcs.require_committed(
+        root,
+        [paths["gate"], paths["evidence"], Path("dvc.lock")],
+        f"the gate record, evidence bundle and dvc.lock of {batch} must be committed (a release names its commit)",
+    )
+    vcs.require_committed(
+        root,
+        [POINTER, HISTORY, LEDGER, TRUSTED],
+        "releases/ has uncommitted changes (trusted keys count only once committed)",
+    )
+    _require_fresh_evaluation(root, batch)
+    _require_consistent_evidence(root, binding)
+
+
+def _require_consistent_evidence(root: Path, binding: Binding) -> None:
+    """The evidence bundle must describe exactly the artifacts on disk and the gate's decision."""
+    path = Path(root) / artifact_paths(binding.batch)["evidence"]
+    evidence = io.read_json(path)
+    expected = {
+        "decision": binding.decision,
+        "adapter_sha256": binding.adapter_sha256,
+        "eval_items_sha256": binding.eval_sha256,
+    }
+    bad = [f"{k}: evidence {evidence.get(k)!r} != {v!r}" for k, v in expected.items() if evidence.get(k) != v]
+    if bad:
+        raise ClapError(
+            "the evidence bundle does not describe the artifacts on disk (re-run `dvc repro`): "
+            + "; ".join(bad),
+            file=path,
+            rule="evidence_mismatch",
+        )
+
+
+def _refusal_of_decision(root: Path, batch: str, decision: str) -> ClapError:
+    """The error for a hold/reject decision, carrying the gate's deciding rule and its detail."""
+    rule = gate_decision(root, batch).get("rule", "")
+    evidence_path = Path(root) / artifact_paths(batch)["evidence"]
+    reasons = io.read_json(evidence_path).get("reasons", []) if evidence_path.exists() else []
+    detail = next((r.get("detail") for r in reasons if isinstance(r, dict) and r.get("name") == rule), None)
+    why = f"rule {rule}: {detail}" if detail else (f"rule {rule}" if rule else "no reason recorded")
+    return ClapError(
+        f"batch {batch}: the gate decided {decision!r} ({why}); only {' or '.join(RELEASABLE)} can be released. "
+        f"Report: reports/gate/{batch}/report.md",
+        rule="not_releasable",
+    )
+
+
+# ---------------------------------------------------------------- approve
+
+
+def approve(root: Path, batch: str, key_path: Path, ttl_s: int | None, p: ReleaseParams, *, now: int) -> str:
+    """Sign a single-use approval of ``batch`` as it is on disk now.
+
+    Args:
+        root: repository root.
+        batch: the batch to approve.
+        key_path: the approver's private key (its public key must be in releases/trusted_keys).
+        ttl_s: token lifetime in seconds; None takes ``release.approval_ttl_s``.
+        p: release params.
+        now: issue time (unix seconds).
+
+    Returns:
+        The token to pass to ``clap release``.
+
+    Raises:
+        ClapError: the gate decision is hold/reject (with the gate's reasons), the
+            evaluation is stale, records are uncommitted, or the key is not trusted.
+    """
+    root = Path(root)
+    binding = current_binding(root, batch)
+    if binding.decision not in RELEASABLE:
+        raise _refusal_of_decision(root, batch, binding.decision)
+    ttl = p.approval_ttl_s if ttl_s is None else ttl_s
+    if not 0 < ttl <= p.max_approval_ttl_s:
+        raise ClapError(
+            f"--ttl must be in (0, {p.max_approval_ttl_s}] seconds (release.max_approval_ttl_s)",
+            rule="bad_ttl",
+        )
+    _require_releasable_state(root, binding)
+    key = load_private_key(key_path)
+    issuer = approver_of(key, load_trusted_keys(root / TRUSTED))
+    return mint_token(key, issuer, binding, audience=p.audience, ttl_s=ttl, now=now)
+
+
+# ---------------------------------------------------------------- release
+
+
+def _verified_claims(root: Path, batch: str, token: str, p: ReleaseParams) -> tuple[dict[str, Any], Binding]:
+    """Every check on the token and the artifacts; returns the claims and the current binding."""
+    claims = verify_token(
+        token.strip(), load_trusted_keys(root / TRUSTED), audience=p.audience, max_ttl_s=p.max_approval_ttl_s
+    )
+    if claims["batch"] != batch:
+        raise ClapError(
+            f"approval token refused: it approves batch {claims['batch']!r}, not {batch!r}",
+            rule="wrong_batch",
+        )
+    if _was_used(root, claims["jti"]):
+        raise ClapError(
+            f"approval token refused: approval {claims['jti']} was already used (tokens are single-use)",
+            rule="replayed_token",
+        )
+    binding = current_binding(root, batch)
+    if binding.decision not in RELEASABLE:
+        raise _refusal_of_decision(root, batch, binding.decision)
+    check_binding(claims, binding)
+    _require_releasable_state(root, binding)
+    return claims, binding
+
+
+def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, Any]:
+    """Release ``batch`` under the approval ``token`` and commit ``releases/``.
+
+    Args:
+        root: repository root (a git repository).
+        batch: the batch to put in production.
+        token: the approval from ``clap approve``.
+        p: release params.
+
+    Returns:
+        The history event written (plus ``release_commit``): ``event`` is ``release``, or
+        ``hold`` when the cost report is over budget or incomplete and
+        ``release.cost.over_budget`` is ``hold`` (the pointer is then unchanged and the
+        approval is not consumed).
+
+    Raises:
+        ClapError: why the release is refused; releases/ and git are then unchanged.
+    """
+    root = Path(root)
+    with _locked(root):
+        claims, binding = _verified_claims(root, batch, token, p)
+        pointer = read_pointer(root)
+        if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
+            raise ClapError(
+                f"batch {batch} with this adapter is already in production", rule="already_released"
+            )
+        commit = vcs.head_commit(root)
+        handoff = build_handoff(root, binding, commit, p.card, p.cost)
+        if handoff.problems:
+            raise ClapError(
+                "handoff artifacts fail validation:\n  " + "\n  ".join(handoff.problems),
+                rule="invalid_handoff",
+            )
+        hold = _over_budget(handoff.cost, p.cost)
+        if hold:
+            event = {
+                "event": "hold",
+                "batch": batch,
+                "approval_id": claims["jti"],
+                "approver": claims["iss"],
+                "reason": f"cost report {handoff.cost['status']}",
+                "at": _now(),
+            }
+            return _record(
+                root,
+                event,
+                handoff,
+                f"hold {batch}: cost {handoff.cost['status']} (approval {claims['jti']})",
+            )
+        new_pointer = {
+            **dataclasses.asdict(binding),
+            "approval_id": claims["jti"],
+            "approver": claims["iss"],
+            "commit": commit,
+        }
+        event = {
+            "event": "release",
+            "pointer": new_pointer,
+            "previous_batch": pointer.get("batch"),
+            "at": _now(),
+        }
+        used = {
+            "jti": claims["jti"],
+            "batch": batch,
+            "approver": claims["iss"],
+            "exp": claims["exp"],
+            "used_at": event["at"],
+        }
+        return _record(
+            root, event, handoff, f"release {batch}: {binding.decision} (approval {claims['jti']})", used=used
+        )
+
+
+def _over_budget(cost: dict[str, Any], p: CostParams) -> bool:
+    """True to hold; raises to refuse; False when the cost is within budget."""
+    if cost["status"] == "within":
+        return False
+    if p.over_budget == "hold":
+        return True
+    raise ClapError(
+        f"cost report is {cost['status']} (cpu {cost['cpu_hours']} h of {p.budget_cpu_hours}, gpu {cost['gpu_hours']} h "
+        f"of {p.budget_gpu_hours}, wall time missing for {cost['missing_wall_time']}); release.cost.over_budget is refuse",
+        rule="over_budget",
+    )
+
+
+def _record(
+    root: Path, event: dict[str, Any], handoff: Handoff, message: str, used: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write the handoff files, the event (and, for a release, ledger and pointer) and commit them, all or nothing."""
+    out_dir = HANDOFF / (event.get("batch") or event["pointer"]["batch"])
+    paths = [HISTORY, out_dir / CARD, out_dir / MANIFEST, out_dir / COST] + (
+        [LEDGER, POINTER] if used else []
+    )
+    with _transaction(root, paths):
+        write_handoff(handoff, root / out_dir)
+        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+        if used:
+            io.atomic_write_text(root / LEDGER, _append_line(_text(root / LEDGER), used))
+            io.write_json(root / POINTER, event["pointer"])
+        return {**event, "release_commit": _commit(root, paths, message)}
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+# ---------------------------------------------------------------- rollback
+
+
+def _release_commit(root: Path, approval_id: str) -> str:
+    """The commit that released approval ``approval_id`` (found by its message)."""
+    shas = vcs.git(
+        root, "log", "--format=%H", "-F", f"--grep=(approval {approval_id})", "--", str(POINTER)
+    ).split()
+    if len(shas) != 1:
+        raise ClapError(
+            f"cannot find the one commit that released approval {approval_id} (found {len(shas)})",
+            rule="no_release_commit",
+        )
+    return shas[0]
+
+
+def restore_adapter(root: Path, batch: str, expected_sha256: str) -> str:
+    """Make ``models/adapters/<batch>`` hold the adapter with ``expected_sha256``.
+
+    Tries, in order: the bytes already there, ``dvc checkout`` (local cache), ``dvc pull``
+    (remote). Returns which one worked.
+
+    Raises:
+        ClapError: the adapter is in neither the cache nor the remote, or dvc.lock tracks
+            a different adapter for this batch than the released one.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    target = Path(root).resolve() / "models" / "adapters" / batch
+    weights = target / "adapter_model.safetensors"
+
+    def ok() -> bool:
+        return weights.is_file() and io.sha256_file(weights) == expected_sha256
+
+    if ok():
+        return "present"
+    errors = []
+    for how in ("checkout", "pull"):
+        try:
+            with (
+                contextlib.chdir(target.parents[2]),
+                Repo(str(target.parents[2])) as repo,
+            ):  # DVC resolves against the cwd
+                getattr(repo, how)(targets=[str(target)])
+        except DvcException as e:
+            errors.append(f"dvc {how}: {e}")
+            continue
+        if ok():
+            return how
+        errors.append(
+            f"dvc {how}: restored bytes do not have the released sha256 (dvc.lock tracks another adapter for {batch})"
+        )
+    raise ClapError(
+        f"cannot restore the adapter of batch {batch} (sha256 {expected_sha256[:12]}…): " + "; ".join(errors),
+        rule="adapter_unavailable",
+    )
+
+
+def rollback(root: Path) -> dict[str, Any]:
+    """Return production to the release before the current one and commit ``releases/``.
+
+    The pointer is restored from git (its content before the current release's commit);
+    the history gets a ``rollback`` event and the ledger keeps every used approval, so the
+    rolled-back approval can never be replayed. The previous adapter is restored with
+    ``dvc checkout`` (or ``dvc pull``) and its sha256 verified before anything is written.
+
+    Returns:
+        The rollback event written.
+
+    Raises:
+        ClapError: nothing to roll back to, inconsistent records, or the previous adapter
+            cannot be restored; releases/ and git are then unchanged.
+    """
+    root = Path(root)
+    with _locked(root):
+        vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
+        pointer, stack = read_pointer(root), release_stack(read_history(root))
+        if pointer.get("batch") is None or not stack:
+            raise ClapError(
+                "nothing is in production: there is nothing to roll back", rule="nothing_released"
+            )
+        if stack[-1] != pointer:
+            raise ClapError(
+                "releases/production.json does not match the last release in history.jsonl: fix by hand",
+                rule="inconsistent_releases",
+            )
+        if len(stack) < 2:
+            raise ClapError(
+                f"batch {pointer['batch']} is the first release: there is no previous release to roll back to",
+                rule="no_previous_release",
+            )
+        reverted = _release_commit(root, pointer["approval_id"])
+        restored = vcs.git(root, "show", f"{reverted}^:{POINTER}")
+        if json.loads(restored) != stack[-2]:
+            raise ClapError(
+                f"the pointer before commit {reverted[:12]} is not the previous release in history.jsonl",
+                rule="inconsistent_releases",
+            )
+        how = restore_adapter(root, stack[-2]["batch"], stack[-2]["adapter_sha256"])
+        event = {
+            "event": "rollback",
+            "from_batch": pointer["batch"],
+            "to_batch": stack[-2]["batch"],
+            "reverted_commit": reverted,
+            "adapter_sha256": stack[-2]["adapter_sha256"],
+            "adapter_restored_by": how,
+            "at": _now(),
+        }
+        with _transaction(root, [POINTER, HISTORY]):
+            io.atomic_write_text(root / POINTER, restored)
+            io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+            return {
+                **event,
+                "release_commit": _commit(
+                    root,
+                    [POINTER, HISTORY],
+                    f"rollback {pointer['batch']} -> {stack[-2]['batch']} (revert of {reverted[:12]})",
+                ),
+            }
+
+
+# ---------------------------------------------------------------- keygen and handoff
+
+
+def keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:
+    """Create approver ``name``'s key pair; the private key must land in a git-ignored path."""
+    from clap.release.approval import generate_keypair
+
+    root = Path(root)
+    probe = Path(key_dir) / f"{name}.key"
+    rel = (
+        probe.resolve().relative_to(root.resolve())
+        if probe.resolve().is_relative_to(root.resolve())
+        else None
+    )
+    if rel is not None and subprocess.run(["git", "check-ignore", "-q", str(rel)], cwd=root).returncode != 0:
+        raise ClapError(
+            f"{rel} would not be ignored by git: keep private keys in a git-ignored folder (keys/)",
+            rule="key_not_ignored",
+        )
+    return generate_keypair(name, Path(key_dir), root / TRUSTED)
+
+
+def handoff(root: Path, batch: str, out_dir: Path | None, p: ReleaseParams) -> list[str]:
+    """Build the handoff artifacts of ``batch`` as it is on disk now, write them, return the problems."""
+    root = Path(root)
+    h = build_handoff(root, current_binding(root, batch), vcs.head_commit(root), p.card, p.cost)
+    write_handoff(h, out_dir if out_dir is not None else root / HANDOFF / batch)
+    return h.problems

@@ -1,0 +1,1 @@
+"""The answer contract every phase shares: the prompt and answer format, the context a model sees, scoring."""

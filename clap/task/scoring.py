@@ -1,0 +1,243 @@
+"""Per-item scoring of a model answer against its gold answer and the context it was given.
+
+The model answers with one JSON object (see ``clap.task.prompt``). ``parse_answer`` never raises
+on model output: an answer that cannot be parsed is returned with ``ok=False`` and scores
+wrong on every field, so it is counted, never dropped. ``score_item`` decides each field,
+``pass`` (every field right), ``overall`` (weighted field score, the GRPO reward and admit's
+reward margin via :func:`reward`), ``hallucination`` (the predicted value occurs nowhere in
+the provided context) and ``wrong_fact`` (it occurs in the context but is not the answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clap.errors import ClapError
+from clap.task.prompt import ANSWER_FIELDS
+
+SLICES: tuple[str, ...] = (
+    "metric",
+    "line",
+    "shift",
+    "source_system",
+    "question_type",
+)  # item columns results are broken down by
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldWeights:
+    """Weight of each answer field in ``overall`` (params ``scoring.weights``)."""
+
+    metric: float
+    value: float
+    unit: float
+    line: float
+    shift: float
+    date: float
+    evidence: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringParams:
+    """Params section ``scoring``."""
+
+    value_rel_tol: float
+    value_abs_tol: float
+    weights: FieldWeights
+
+    def __post_init__(self) -> None:
+        weights = dataclasses.asdict(self.weights)
+        if min(self.value_rel_tol, self.value_abs_tol, *weights.values()) < 0 or sum(weights.values()) <= 0:
+            raise ClapError(
+                "scoring tolerances and weights must be >= 0 with a positive weight sum",
+                file="params.yaml",
+                column="scoring",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedAnswer:
+    """A model answer after parsing.
+
+    Attributes:
+        ok: a JSON object was found in the text.
+        fields: the object's keys that are answer fields (possibly fewer than all).
+        error: why parsing failed (None when ``ok``).
+    """
+
+    ok: bool
+    fields: dict[str, Any]
+    error: str | None
+
+
+_DECODER = json.JSONDecoder()
+_MAX_OPEN_BRACES = 64  # bounded work on adversarial text: model answers start early
+
+# A number not glued to a word (so "L3" or "MES-0012" carry no number), with "," or "."
+# separators; the minus may be ASCII, U+2212 or an en dash (look-alike noise in exports).
+_NUMBER = re.compile(r"(?<![\w.,\-\u2212\u2013])([-\u2212\u2013]?)(\d+(?:[.,]\d+)*)")
+_SEPARATORS = re.compile(r"[.,]")
+
+
+def parse_answer(text: Any) -> ParsedAnswer:
+    """Extract the first JSON object from model output; never raises.
+
+    Leading prose, code fences and trailing junk are tolerated: decoding starts at each
+    ``{`` in turn and the first complete object wins.
+
+    Args:
+        text: the raw generated text (anything; non-strings fail to parse).
+
+    Returns:
+        ParsedAnswer with ``ok=False`` and an error message when no object is found.
+    """
+    if not isinstance(text, str):
+        return ParsedAnswer(False, {}, f"output is {type(text).__name__}, not text")
+    start = text.find("{")
+    tries = 0
+    while start != -1 and tries < _MAX_OPEN_BRACES:
+        try:
+            obj, _ = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict):
+            return ParsedAnswer(True, {k: obj[k] for k in ANSWER_FIELDS if k in obj}, None)
+        start, tries = text.find("{", start + 1), tries + 1
+    return ParsedAnswer(False, {}, "no JSON object found" if tries else "no '{' in output")
+
+
+def context_text(docs: Sequence[tuple[str, str]] | None) -> str:
+    """The text a model was given as context: the documents' texts, one per line.
+
+    Document IDs are left out so that digits in an ID never count as a value "in context".
+    """
+    return "\n".join(text for _, text in (docs or []))
+
+
+def _readings(sign: str, token: str) -> list[float]:
+    """All plausible values of one number token (decimal comma or point, thousands groups)."""
+    seps = _SEPARATORS.findall(token)
+    parts = _SEPARATORS.split(token)
+    out: list[float] = []
+    if not seps:
+        out.append(float(token))
+    elif len(seps) == 1:
+        out.append(float(token.replace(",", ".")))
+        if len(parts[1]) == 3:  # "1,234" / "1.234" may be a thousands group
+            out.append(float(parts[0] + parts[1]))
+    elif len(set(seps[:-1])) == 1 and seps[-1] != seps[0]:  # "1.234,5" / "1,234.5"
+        out.append(float("".join(parts[:-1]) + "." + parts[-1]))
+    elif len(set(seps)) == 1 and all(len(p) == 3 for p in parts[1:]):  # "1.234.567"
+        out.append(float("".join(parts)))
+    return [-v if sign else v for v in out]
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number readable in ``text`` (each reading of an ambiguous token included)."""
+    text = unicodedata.normalize("NFKC", text)
+    return [v for m in _NUMBER.finditer(text) for v in _readings(m.group(1), m.group(2))]
+
+
+def to_number(value: Any) -> float | None:
+    """A predicted value as a float: numbers, or text such as "98,2 %"; None if not one number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        found = numbers_in(value)
+        return found[0] if found else None
+    return None
+
+
+def value_close(pred: float, gold: float, p: ScoringParams) -> bool:
+    """Equal within ``max(value_abs_tol, value_rel_tol * |gold|)``."""
+    return abs(pred - gold) <= max(p.value_abs_tol, p.value_rel_tol * abs(gold))
+
+
+def _label(value: Any) -> str | None:
+    """Light normalization of a label field: NFKC, case-folded, whitespace/hyphens as '_'."""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        return None
+    text = unicodedata.normalize("NFKC", str(value)).strip().casefold()
+    return re.sub(r"[\s\-]+", "_", text) or None
+
+
+def _squash(text: str) -> str:
+    """NFKC and single spaces: quotes compare verbatim up to whitespace runs."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def evidence_ok(pred: Any, gold_value: float, gold_evidence: str, context: str, p: ScoringParams) -> bool:
+    """The quote is verbatim in the context and carries the value.
+
+    It carries the value when it holds a number equal to the gold value, or contains the
+    gold evidence quote (whose value may be written in another unit, e.g. hours).
+    """
+    if not isinstance(pred, str) or not _squash(pred):
+        return False
+    quote = _squash(pred)
+    if quote not in _squash(context):
+        return False
+    if any(value_close(v, gold_value, p) for v in numbers_in(quote)):
+        return True
+    gold_quote = _squash(gold_evidence or "")
+    return bool(gold_quote) and gold_quote in quote
+
+
+def score_item(
+    parsed: ParsedAnswer, gold: Mapping[str, Any], context: str, p: ScoringParams
+) -> dict[str, Any]:
+    """Score one parsed answer.
+
+    Args:
+        parsed: output of :func:`parse_answer`.
+        gold: the gold answer (``metric, value, unit, line, shift, date, evidence``; value
+            a number in the canonical unit).
+        context: the provided context as :func:`context_text` renders it ("" for no RAG).
+        p: scoring params.
+
+    Returns:
+        ``parse_ok``, ``<field>_correct`` for every answer field, ``pass``, ``overall`` in
+        [0, 1], ``hallucination``, ``wrong_fact`` and ``pred_value`` (float or None).
+    """
+    f = parsed.fields if parsed.ok else {}
+    gold_value = float(gold["value"])
+    pred_value = to_number(f.get("value"))
+    correct = {
+        k: _label(f.get(k)) is not None and _label(f.get(k)) == _label(gold[k])
+        for k in ("metric", "unit", "line", "shift", "date")
+    }
+    correct["value"] = pred_value is not None and value_close(pred_value, gold_value, p)
+    correct["evidence"] = evidence_ok(
+        f.get("evidence"), gold_value, str(gold.get("evidence") or ""), context, p
+    )
+    weights = dataclasses.asdict(p.weights)
+    overall = sum(weights[k] * correct[k] for k in ANSWER_FIELDS) / sum(weights.values())
+    in_context = pred_value is not None and any(value_close(pred_value, v, p) for v in numbers_in(context))
+    wrong_value = pred_value is not None and not correct["value"]
+    out: dict[str, Any] = {f"{k}_correct": bool(correct[k]) for k in ANSWER_FIELDS}
+    out.update(
+        parse_ok=parsed.ok,
+        **{"pass": all(correct.values())},
+        overall=float(overall),
+        hallucination=wrong_value and not in_context,
+        wrong_fact=wrong_value and in_context,
+        pred_value=pred_value,
+    )
+    return out
+
+
+def reward(completion_text: str, gold: Mapping[str, Any], context: str, p: ScoringParams) -> float:
+    """The scalar reward of one completion: its ``overall`` score in [0, 1].
+
+    Used as the GRPO reward and by admit's reward-margin check.
+    """
+    return score_item(parse_answer(completion_text), gold, context, p)["overall"]

@@ -1,0 +1,180 @@
+"""Online TBDL detector: an empirical-Bernstein e-process on clean-probe gap increments.
+
+A run "trains but does not learn" when its training loss improves much more than the loss
+on clean held-out probe items. At each check ``j`` the training side and a fresh,
+non-overlapping probe draw give one gap increment (nats per completion token)::
+
+    g_j = (L_train_base - L_train_j) - (L_probe_base(P_j) - L_probe_j(P_j))
+
+L_train_j is the logged training loss of check step j (a batch not trained on yet when
+epochs <= 1) and L_probe_j(P_j) the probe draw P_j scored just before that step, so both are
+taken at the same parameters; L_probe_base(P_j) is the base model's loss on the same items
+(paired, so item difficulty cancels) and L_train_base the base loss of a pilot draw of
+training items, frozen before training. Under healthy learning both sides improve alike and
+g_j has conditional mean ~0; a relabelled run improves on its own targets only.
+
+which is clipped to [-B, B] and mapped to x_j in [0, 1]. Null H0: E[x_j | past] <= m0 with
+m0 = (gamma0 + B) / (2B), i.e. "the training improvement exceeds the probe improvement by at
+most the pre-registered tolerance gamma0". The e-process (Waudby-Smith & Ramdas 2024, Thm 2,
+fixed lambda mixture, predictable plug-in variance)::
+
+    log K_t(lam) = sum_{i<=t} [lam (x_i - m0) - psi(lam) (x_i - muhat_{i-1})^2],  psi(lam) = -log(1-lam) - lam
+    muhat_{i-1}  = (1/2 + sum_{k<i} x_k) / i
+    E_t          = sum_k w_k K_t(lam_k)
+
+is a nonnegative supermartingale under every null mean <= m0, so by Ville's inequality
+P_H0(E_t >= 1/alpha for some t) <= alpha. The alarm is sticky. Validity needs increments
+whose conditional mean satisfies the null: each one must come from a fresh probe draw
+(overlapping or smoothed increments are serially dependent and void the bound; see
+research/statistics-and-governance.md §2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import logsumexp
+
+
+@dataclass(frozen=True)
+class DetectorParams:
+    """params.yaml ``detector`` (every constant pre-registered before a run).
+
+    Attributes:
+        enabled: run the detector (False: curves and record carry no detector values).
+        alpha: per-run false-alarm bound; alarm at E_t >= 1/alpha.
+        clip: B, increments are clipped to [-B, B] nats.
+        null_gap: gamma0, the tolerated excess of training over probe improvement (nats);
+            m0 = (gamma0 + B) / (2B).
+        lambdas: the fixed bet sizes, each in (0, 1).
+        weights: their mixture weights (>= 0, summing to 1).
+        every_steps: optimizer steps between two checks.
+        probe_draw: fresh probe items scored per check (draws never overlap).
+        pilot_items: training items scored under the base model before training (the frozen
+            training baseline L_train_base).
+        seed: seed of the probe draw order and of the pilot draw.
+        stop_on_alarm: stop training at the alarm (else only record it).
+    """
+
+    enabled: bool
+    alpha: float
+    clip: float
+    null_gap: float
+    lambdas: Sequence[float]
+    weights: Sequence[float]
+    every_steps: int
+    probe_draw: int
+    pilot_items: int
+    seed: int
+    stop_on_alarm: bool
+
+
+def null_mean(p: DetectorParams) -> float:
+    """m0 of the rescaled increments: (gamma0 + B) / (2B)."""
+    return (p.null_gap + p.clip) / (2 * p.clip)
+
+
+def to_unit(gap: float, clip: float) -> float:
+    """Clip a gap increment to [-clip, clip] and map it linearly to [0, 1]."""
+    return float((np.clip(gap, -clip, clip) + clip) / (2 * clip))
+
+
+def gap_increment(train_base: float, train_now: float, probe_base: float, probe_now: float) -> float:
+    """Training improvement minus probe improvement (positive: training says more than the probe)."""
+    return (train_base - train_now) - (probe_base - probe_now)
+
+
+def _check(m0: float, lambdas: Sequence[float], weights: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    lam, w = np.asarray(lambdas, float), np.asarray(weights, float)
+    if not 0 < m0 < 1:
+        raise ValueError(f"m0 must be in (0, 1), got {m0}")
+    if lam.ndim != 1 or lam.shape != w.shape or not np.all((lam > 0) & (lam < 1)):
+        raise ValueError("lambdas must be in (0, 1), one weight per lambda")
+    if np.any(w < 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9):
+        raise ValueError("weights must be >= 0 and sum to 1")
+    return lam, w
+
+
+def log_e_paths(x: np.ndarray, m0: float, lambdas: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+    """log E_t for every prefix of each row of ``x`` (shape (runs, T), values in [0, 1]) at once."""
+    lam, w = _check(m0, lambdas, weights)
+    x = np.atleast_2d(np.asarray(x, float))
+    t = np.arange(1, x.shape[1] + 1)
+    muhat_prev = (0.5 + np.cumsum(x, axis=1) - x) / t  # uses x_1..x_{t-1} only
+    psi = -np.log1p(-lam) - lam
+    terms = lam * (x[..., None] - m0) - psi * ((x - muhat_prev)[..., None] ** 2)
+    return logsumexp(np.cumsum(terms, axis=1) + np.log(np.maximum(w, 1e-300)), axis=2)
+
+
+@dataclass
+class EProcess:
+    """Streaming e-process; :meth:`update` takes one increment already in [0, 1]."""
+
+    m0: float
+    alpha: float
+    lambdas: Sequence[float]
+    weights: Sequence[float]
+    t: int = 0
+    sum_x: float = 0.0
+    log_k: list[float] = field(default_factory=list)
+    alarm_at: int | None = None  # 1-based index of the increment that crossed the threshold
+
+    def __post_init__(self) -> None:
+        _check(self.m0, self.lambdas, self.weights)
+        if not self.log_k:
+            self.log_k = [0.0] * len(self.lambdas)
+
+    @property
+    def log_threshold(self) -> float:
+        return math.log(1 / self.alpha)
+
+    @property
+    def log_e(self) -> float:
+        return float(
+            logsumexp(np.asarray(self.log_k) + np.log(np.maximum(np.asarray(self.weights, float), 1e-300)))
+        )
+
+    def update(self, x: float) -> bool:
+        """Add one increment; returns whether the (sticky) alarm is on."""
+        if not 0.0 <= x <= 1.0:
+            raise ValueError(f"increment must be clipped and rescaled into [0, 1], got {x}")
+        lam = np.asarray(self.lambdas, float)
+        muhat_prev = (0.5 + self.sum_x) / (self.t + 1)
+        self.log_k = list(
+            np.asarray(self.log_k) + lam * (x - self.m0) - (-np.log1p(-lam) - lam) * (x - muhat_prev) ** 2
+        )
+        self.t += 1
+        self.sum_x += x
+        if self.alarm_at is None and self.log_e >= self.log_threshold:
+            self.alarm_at = self.t
+        return self.alarm_at is not None
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state (for checkpoint resume)."""
+        return {
+            "t": self.t,
+            "sum_x": self.sum_x,
+            "log_k": [float(v) for v in self.log_k],
+            "alarm_at": self.alarm_at,
+        }
+
+
+def make_eprocess(p: DetectorParams, state: dict[str, Any] | None = None) -> EProcess:
+    """The e-process the params pre-register, optionally restored from :meth:`EProcess.state`."""
+    return EProcess(null_mean(p), p.alpha, list(p.lambdas), list(p.weights), **(state or {}))
+
+
+def replay(gaps: Sequence[float], p: DetectorParams) -> tuple[np.ndarray, int]:
+    """log E_t of a recorded gap series under the constants ``p``, and the 1-based alarm index (-1: none).
+
+    The gap increments do not depend on alpha, clip, null_gap, lambdas or weights, so a run's
+    curves can be re-read under other constants (calibration on fault-injected runs).
+    """
+    x = np.array([[to_unit(g, p.clip) for g in gaps]])
+    log_e = log_e_paths(x, null_mean(p), p.lambdas, p.weights)[0] if len(gaps) else np.zeros(0)
+    hits = np.flatnonzero(log_e >= math.log(1 / p.alpha))
+    return log_e, int(hits[0]) + 1 if hits.size else -1

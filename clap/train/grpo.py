@@ -1,0 +1,287 @@
+"""The GRPO failure-boundary probe: a short TRL ``GRPOTrainer`` run on the admitted D_grpo.
+
+CLAP used GRPO only as a probe: every batch passed static admission (rank-pass rate 1.0,
+reward margin ~0.225) yet every run showed extreme KL at runtime and was held. Here the
+probe is a working control: the reward is the field-level answer score eval uses
+(:func:`clap.task.scoring.reward`), ``beta > 0`` so KL is measured against the starting policy,
+and :class:`clap.train.grpo_diagnosis.GrpoDiagnosis` stops the run with ``health = hold`` when
+a pre-registered runtime signal fires. The record puts the static admission verdict next to
+the runtime verdict; :mod:`clap.train.grpo_policy` turns it into the batch's GRPO-candidate decision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from clap import determinism, io
+from clap.errors import ClapError
+from clap.model import base as mdl
+from clap.task.context import item_docs, kb_bodies
+from clap.task.prompt import build_messages, format_answer, gold_answer
+from clap.task.scoring import ScoringParams, context_text, reward
+from clap.train.diagnosis import as_text_if_nonfinite
+from clap.train.grpo_diagnosis import GrpoDiagnosis
+from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
+from clap.train.sft import ADAPTER_FILES, TrainerRun, canonical_adapter_config, load_train_model
+
+log = logging.getLogger(__name__)
+NOT_RUN_FILE = "not_run.json"
+
+
+@dataclass
+class ProbeResult:
+    """What :func:`run_probe` hands the stage: the flat record, curve rows, whether this rank writes."""
+
+    record: dict[str, Any]
+    curves: list[dict[str, Any]]
+    is_main: bool
+
+
+# --- reward and data ----------------------------------------------------------------------
+def completion_text(completion: Any) -> str:
+    """The text of one TRL completion: a string, or conversational ``[{"role", "content"}, ...]``."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(m.get("content", "")) for m in completion)
+
+
+def reward_function(sp: ScoringParams) -> Callable[..., list[float]]:
+    """The GRPO reward: :func:`clap.task.scoring.reward` (eval's field-level ``overall``) per completion.
+
+    TRL passes the dataset columns ``gold`` (canonical answer JSON) and ``context`` (the
+    provided context as scoring renders it) next to the completions.
+    """
+
+    def answer_score(completions: list[Any], gold: list[str], context: list[str], **_: Any) -> list[float]:
+        return [
+            reward(completion_text(c), json.loads(g), ctx, sp)
+            for c, g, ctx in zip(completions, gold, context, strict=True)
+        ]
+
+    return answer_score
+
+
+def probe_rows(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict[str, Any]]:
+    """One GRPO dataset row per D_grpo item: the chat prompt (clap.task.prompt), gold answer and context."""
+    bodies = kb_bodies(kb)
+    rows = []
+    for row in items.to_dict("records"):
+        docs = item_docs(
+            row, bodies
+        )  # the reference is admit's: the answer its reward-margin check ranks first
+        rows.append(
+            {
+                "prompt": build_messages(row["question"], docs),
+                "gold": format_answer(gold_answer(row)),
+                "context": context_text(docs),
+            }
+        )
+    return rows
+
+
+# --- trainer ------------------------------------------------------------------------------
+def grpo_config(p: GrpoParams, out_dir: Path, device: str):
+    """The GRPOConfig: every knob from params; one generation round per optimizer step; CPU-safe."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(out_dir),
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
+        fp16=False,
+        seed=p.seed,
+        data_seed=p.seed,
+        max_steps=p.max_steps,
+        learning_rate=p.lr,
+        beta=p.beta,
+        num_generations=p.num_generations,
+        per_device_train_batch_size=p.prompts_per_step * p.num_generations,
+        gradient_accumulation_steps=1,
+        max_completion_length=p.max_completion_length,
+        temperature=p.temperature,
+        activation_checkpointing=False,
+        logging_steps=1,
+        logging_nan_inf_filter=False,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+
+def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, device: str):
+    """(model, peft_config): a fresh LoRA on the base, or the batch's SFT adapter continued.
+
+    Continuing a PeftModel with ``beta > 0``, TRL keeps a frozen ``ref`` copy of the adapter,
+    so KL is measured against the SFT policy the probe started from.
+    """
+    from peft import LoraConfig, PeftModel
+
+    if p.start_from == "sft" and not (sft_dir / ADAPTER_FILES[0]).exists():
+        raise ClapError(
+            "grpo.start_from is sft but the batch has no SFT adapter (not trained?)",
+            file=sft_dir,
+            rule="missing_adapter",
+        )
+    model = load_train_model(base_dir, "bf16-lora" if device == "cuda" else "fp32-lora", device)
+    if p.start_from == "sft":
+        return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
+    return model, LoraConfig(
+        r=p.lora_r,
+        lora_alpha=p.lora_alpha,
+        lora_dropout=p.lora_dropout,
+        target_modules=list(p.target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def save_adapter(trainer, adapter_dir: Path) -> str:
+    """Save the probe's trained ``default`` adapter (+ tokenizer) atomically; its sha256."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        trainer.model.save_pretrained(str(tmp), selected_adapters=["default"])  # not TRL's frozen "ref" copy
+        trainer.processing_class.save_pretrained(str(tmp))
+        (tmp / "README.md").unlink(
+            missing_ok=True
+        )  # peft's generated card template (as the train stage drops it)
+        canonical_adapter_config(
+            tmp / ADAPTER_FILES[1]
+        )  # byte-identical across PYTHONHASHSEED (found by clap verify)
+    return io.sha256_file(adapter_dir / ADAPTER_FILES[0])
+
+
+def write_not_run(adapter_dir: Path, reason: str) -> None:
+    """The DVC output of a batch the probe did not run on: no weights, and why."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        io.write_json(tmp / NOT_RUN_FILE, {"run": False, "reason": reason})
+
+
+def not_run_record(reason: str, static: Mapping[str, Any], p: GrpoParams) -> dict[str, Any]:
+    """The flat record of a batch the probe did not run on (disabled or not admitted)."""
+    return {
+        "run": 0,
+        "health": "not_run",
+        "runtime_verdict": "not_run",
+        "stop_reason": reason,
+        "stop_step": -1,
+        "steps": 0,
+        "planned_steps": 0,
+        "kl_peak": "nan",
+        "reward_final": "nan",
+        "reward_std_final": "nan",
+        "length_drift": "nan",
+        "adapter_sha256": "",
+        "start_from": p.start_from,
+        "beta": p.beta,
+        "wall_s": 0.0,
+        **static,
+    }
+
+
+def run_probe(
+    data_dir: Path | str,
+    admit_json: Path | str,
+    base_dir: Path | str,
+    sft_dir: Path | str,
+    adapter_dir: Path | str,
+    p: GrpoParams,
+    sp: ScoringParams,
+) -> ProbeResult:
+    """Run (or skip) the GRPO probe of one batch and write its adapter folder (rank 0).
+
+    Args:
+        data_dir: ``data/admitted/<b>`` (grpo + kb parquet); its name is the batch.
+        admit_json: ``metrics/admit/<b>.json`` (the static verdict on D_grpo).
+        base_dir: the exported base model.  sft_dir: ``models/adapters/<b>`` (used when start_from is sft).
+        adapter_dir: ``models/grpo/<b>``: the probe's adapter, or ``not_run.json``.
+        p: ``grpo`` params.  sp: ``scoring`` params (the reward).
+
+    Returns:
+        The flat record (static and runtime verdicts side by side) and the curve rows.
+    """
+    data_dir, base_dir, sft_dir, adapter_dir = (
+        Path(data_dir),
+        Path(base_dir),
+        Path(sft_dir),
+        Path(adapter_dir),
+    )
+    rank, _ = determinism.world()
+    static = static_verdict(io.read_json(admit_json), admit_json)
+    reason = (
+        "disabled"
+        if not probe_enabled(p, data_dir.name)
+        else ("not_admitted" if not static["admitted"] else "")
+    )
+    if reason:
+        if rank == 0:
+            write_not_run(adapter_dir, reason)
+        return ProbeResult(not_run_record(reason, static, p), [], rank == 0)
+    start = time.perf_counter()
+    determinism.seed_everything(p.seed, p.torch_threads)
+    items, kb = io.read_parquet(data_dir / "grpo.parquet"), io.read_parquet(data_dir / "kb.parquet")
+    if items.empty:
+        raise ClapError("admitted batch has no GRPO items", file=data_dir / "grpo.parquet", rule="empty_grpo")
+    run = _train(probe_rows(items, kb), base_dir, sft_dir, adapter_dir, p, sp)
+    record = {
+        **run.numbers,
+        **static,
+        "run": 1,
+        "start_from": p.start_from,
+        "beta": p.beta,
+        "lr": p.lr,
+        "prompts": len(items),
+        "num_generations": p.num_generations,
+        "max_completion_length": p.max_completion_length,
+        **{f"threshold_{k}": v for k, v in vars(p.thresholds).items()},
+        "wall_s": round(time.perf_counter() - start, 3),
+    }
+    return ProbeResult({k: as_text_if_nonfinite(v) for k, v in record.items()}, run.curves, rank == 0)
+
+
+def _train(
+    rows: list[dict[str, Any]],
+    base_dir: Path,
+    sft_dir: Path,
+    adapter_dir: Path,
+    p: GrpoParams,
+    sp: ScoringParams,
+) -> TrainerRun:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    device = mdl.default_device()
+    model, peft_config = load_policy(base_dir, sft_dir, p, device)
+    diag = GrpoDiagnosis(
+        p.thresholds, inject_at_step=p.inject_kl_at_step, inject_std=p.inject_kl_noise_std, seed=p.seed
+    )
+    with tempfile.TemporaryDirectory(prefix="clap-grpo-") as scratch:  # the probe saves no checkpoints
+        args = grpo_config(p, Path(scratch), device)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward_function(sp)],
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=mdl.load_tokenizer(base_dir, padding_side="left"),
+            peft_config=peft_config,
+            callbacks=[diag],
+        )
+        trainer.train()
+    sha = save_adapter(trainer, adapter_dir) if args.process_index == 0 else ""
+    numbers = {
+        **diag.summary(),
+        "steps": int(trainer.state.global_step),
+        "device": device,
+        "adapter_sha256": sha,
+        "base_sha256": mdl.base_sha256(base_dir),
+    }
+    return TrainerRun(numbers, diag.rows)

@@ -1,0 +1,569 @@
+"""LoRA SFT of one admitted batch: TRL SFTTrainer + peft, runtime diagnosis, resume, record.
+
+Completion-only loss comes from TRL's conversational prompt/completion format (built only
+with :func:`clap.task.prompt.build_example`). Training runs in ``<checkpoint_root>/<batch>/``,
+outside the DVC outputs (DVC deletes non-persistent outs before a run), so a killed run
+resumes from its last complete checkpoint when the params/data fingerprint still matches.
+Everything is rank-safe under ``torchrun``: side effects happen on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform
+import resource
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from clap import determinism, io
+from clap.errors import ClapError
+from clap.model import base as mdl
+from clap.task.context import item_docs, kb_bodies
+from clap.task.prompt import ANSWER_FIELDS, build_example
+from clap.train.detector import DetectorParams
+from clap.train.diagnosis import (
+    STATE_FILE,
+    Diagnosis,
+    as_text_if_nonfinite,
+    detector_constants,
+    logged_tokens,
+)
+
+log = logging.getLogger(__name__)
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+FINGERPRINT_FILE = "fingerprint.json"
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """params.yaml ``train`` (see the comments there)."""
+
+    seed: int
+    torch_threads: int
+    epochs: float
+    max_steps: int
+    lr: float
+    lr_scheduler: str
+    warmup_ratio: float
+    weight_decay: float
+    max_grad_norm: float
+    batch_size: int
+    grad_accum: int
+    max_length: int
+    packing: bool
+    length_grouping: bool
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: Sequence[str]
+    quantization: str
+    loss_on_prompt: bool
+    save_steps: int
+    checkpoint_root: str
+    inject_nan_at_step: int
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_batch` hands the stage: the flat record, curve rows, whether to write."""
+
+    record: dict[str, Any]
+    curves: list[dict[str, Any]]
+    is_main: bool
+
+
+@dataclass(frozen=True)
+class Encodings:
+    """What a run trains and probes on: the chat examples, their token ids, and the probe items' token ids."""
+
+    examples: list[dict]
+    train: list[mdl.Encoded]
+    probe: list[mdl.Encoded]
+
+
+@dataclass
+class TrainerRun:
+    """One finished trainer run (SFT or the GRPO probe): its flat numbers and its per-step curve rows."""
+
+    numbers: dict[str, Any]
+    curves: list[dict[str, Any]]
+
+
+# --- data -------------------------------------------------------------------------------
+def build_examples(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict]:
+    """Conversational prompt/completion examples for admitted items (context from the KB)."""
+    bodies = kb_bodies(kb)
+    return [
+        build_example(row["question"], item_docs(row, bodies), {k: row[k] for k in ANSWER_FIELDS})
+        for row in items.to_dict("records")
+    ]
+
+
+def length_stats(encoded: list[mdl.Encoded], max_length: int) -> dict[str, int]:
+    """Rows TRL would truncate (longer than max_length) or drop (prompt alone fills max_length)."""
+    dropped = sum(e.n_prompt >= max_length for e in encoded)
+    truncated = sum(len(e.input_ids) > max_length for e in encoded) - dropped
+    return {
+        "rows_truncated": int(truncated),
+        "rows_dropped": int(dropped),
+        "prompt_tokens": int(sum(e.n_prompt for e in encoded)),
+        "completion_tokens": int(sum(e.n_completion for e in encoded)),
+        "max_example_tokens": int(max((len(e.input_ids) for e in encoded), default=0)),
+    }
+
+
+def pilot_indices(n_items: int, k: int, seed: int) -> list[int]:
+    """Seeded draw of the training items that fix the detector's training baseline."""
+    return sorted(int(i) for i in np.random.default_rng(seed + 1).permutation(n_items)[:k])
+
+
+# --- run setup ----------------------------------------------------------------------------
+def fingerprint(
+    tp: TrainParams, dp: DetectorParams, encoded: dict[str, list], base_dir: Path, world_size: int
+) -> str:
+    """Hash of everything that must match for a checkpoint to be resumed.
+
+    ``encoded`` holds the token ids actually trained on and probed, not the data files: a change
+    of the prompt builder or answer format (code, not data) must also start training afresh.
+    """
+    blob = {
+        "train": asdict(tp),
+        "detector": asdict(dp),
+        "encoded": encoded,
+        "base": mdl.base_sha256(base_dir),
+        "world_size": world_size,
+    }
+    return io.sha256_bytes(io.dumps_json(blob).encode())
+
+
+def last_complete_checkpoint(ckpt_dir: Path, fp: str, is_main: bool) -> str | None:
+    """The newest checkpoint holding the diagnosis state (written last), or None.
+
+    A folder with another fingerprint (params, data or base changed) is wiped, on rank 0.
+    """
+    marker = ckpt_dir / FINGERPRINT_FILE
+    if ckpt_dir.exists() and (not marker.exists() or io.read_json(marker).get("fingerprint") != fp):
+        if is_main:
+            log.warning("checkpoints in %s do not match this run's params/data: starting fresh", ckpt_dir)
+            shutil.rmtree(ckpt_dir)
+        return None
+    done = (
+        [p for p in ckpt_dir.glob("checkpoint-*") if (p / STATE_FILE).exists()] if ckpt_dir.exists() else []
+    )
+    return str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
+
+
+def precision_plan(tp: TrainParams, device: str) -> str:
+    """'qlora-nf4' or 'fp32-lora' (CUDA without quantization trains bf16: 'bf16-lora')."""
+    if tp.quantization not in ("auto", "none", "nf4"):
+        raise ClapError(
+            f"train.quantization must be auto, none or nf4, got {tp.quantization!r}",
+            column="train.quantization",
+            rule="bad_param",
+        )
+    if tp.quantization == "nf4" or (tp.quantization == "auto" and device == "cuda"):
+        return "qlora-nf4"
+    return "bf16-lora" if device == "cuda" else "fp32-lora"
+
+
+def load_train_model(base_dir: Path, precision: str, device: str):
+    """The base model to put LoRA on: fp32 on CPU, bf16 on CUDA, 4-bit nf4 for QLoRA."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32 if device == "cpu" else torch.bfloat16}
+    if precision == "qlora-nf4":
+        try:
+            import bitsandbytes  # noqa: F401  (optional dependency: CUDA QLoRA)
+        except ImportError as e:
+            raise ClapError(
+                "QLoRA needs bitsandbytes: pip install bitsandbytes==0.50.2", rule="missing_bitsandbytes"
+            ) from e
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+        if device == "cuda":
+            from accelerate import PartialState
+
+            kwargs["device_map"] = {"": PartialState().local_process_index}
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), **kwargs)
+    if precision == "qlora-nf4" and device == "cpu":
+        _disable_bnb_cpu_repacking(model)
+    return model
+
+
+def _disable_bnb_cpu_repacking(model) -> None:
+    # On AVX512-BF16 CPUs an eval forward repacks 4-bit weights in place and later LoRA
+    # gradients are silently wrong (research notes §4); the detector scores in eval mode.
+    import bitsandbytes as bnb
+
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+
+
+def sft_config(tp: TrainParams, out_dir: Path, device: str, world_size: int):
+    """The SFTConfig: every knob from params; CPU-safe (use_cpu, no bf16 autocast)."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(out_dir),
+        use_cpu=device == "cpu",
+        bf16=device == "cuda",
+        fp16=False,
+        seed=tp.seed,
+        data_seed=tp.seed,
+        num_train_epochs=tp.epochs,
+        max_steps=tp.max_steps,
+        learning_rate=tp.lr,
+        lr_scheduler_type=tp.lr_scheduler,
+        warmup_steps=tp.warmup_ratio,
+        weight_decay=tp.weight_decay,
+        max_grad_norm=tp.max_grad_norm,
+        per_device_train_batch_size=tp.batch_size,
+        gradient_accumulation_steps=tp.grad_accum,
+        max_length=tp.max_length,
+        packing=tp.packing,
+        completion_only_loss=not tp.loss_on_prompt,
+        train_sampling_strategy="group_by_length" if tp.length_grouping and not tp.packing else "random",
+        activation_checkpointing=False,
+        logging_steps=1,
+        logging_nan_inf_filter=False,  # the filter hides NaN losses
+        save_strategy="steps",
+        save_steps=tp.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        ddp_backend="gloo" if device == "cpu" and world_size > 1 else None,
+    )
+
+
+def lora_config(tp: TrainParams):
+    """LoRA on every attention and MLP projection named in params."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=tp.lora_r,
+        lora_alpha=tp.lora_alpha,
+        lora_dropout=tp.lora_dropout,
+        target_modules=list(tp.target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+@contextlib.contextmanager
+def compact_lm_head():
+    """Make TRL's fused LM head score only loss positions on CPU too (it does so on CUDA).
+
+    TRL 1.16 projects every position through the 49k-token LM head unless Triton is in use
+    (a Neuron recompilation concern, ``trl/trainer/utils.py`` ``compact = _use_triton(...)``).
+    With completion-only loss ~80 % of positions carry no label, so on CPU this is most of
+    the LM-head work; the loss and gradients are identical (tested).
+    """
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None:  # a TRL without this switch: nothing to patch
+        log.warning("trl.trainer.utils._use_triton not found: the LM head scores every position")
+        yield
+        return
+    trl_utils._use_triton = lambda device: True  # only the `compact` decision reads this module's name
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
+def masked_label_counts(dataset) -> tuple[int, int]:
+    """(labels masked with -100, all label positions) in the trainer's prepared dataset."""
+    labels = dataset["labels"]
+    masked = sum(sum(1 for t in row if t == -100) for row in labels)
+    return int(masked), int(sum(len(row) for row in labels))
+
+
+# --- the run ------------------------------------------------------------------------------
+def admitted(admission: dict[str, Any], data_dir: Path) -> bool:
+    """The admission verdict (``verdict``, or ``admitted`` in older records); missing is an error."""
+    verdict = admission.get("verdict", admission.get("admitted"))
+    if not isinstance(verdict, bool):
+        raise ClapError(
+            "admission record has no boolean verdict",
+            file=data_dir / "admission.json",
+            column="verdict",
+            rule="no_verdict",
+        )
+    return verdict
+
+
+def skipped_record(reason: str, base_dir: Path, tp: TrainParams) -> dict[str, Any]:
+    """The record of a batch that is not trained (not admitted)."""
+    none = {k: -1 for k in ("detector_alarm_step", "stop_step")}
+    zero = {
+        k: 0
+        for k in ("steps", "planned_steps", "tokens", "rows_truncated", "rows_dropped", "detector_checks")
+    }
+    return {
+        "trained": 0,
+        "health": "skipped",
+        "skip_reason": reason,
+        **none,
+        **zero,
+        "alarm_fraction": -1.0,
+        "base_sha256": mdl.base_sha256(base_dir),
+        "adapter_sha256": "",
+        "seed": tp.seed,
+        "torch_threads": tp.torch_threads,
+    }
+
+
+def train_batch(
+    data_dir: Path | str,
+    base_dir: Path | str,
+    adapter_dir: Path | str,
+    tp: TrainParams,
+    dp: DetectorParams,
+    *,
+    extra_callbacks: Sequence[Any] = (),
+) -> TrainResult:
+    """Train one admitted batch's LoRA adapter and write it to ``adapter_dir`` (rank 0).
+
+    Args:
+        data_dir: ``data/admitted/<batch>`` (sft, probe, kb parquet + admission.json).
+        base_dir: the exported base model folder.
+        adapter_dir: destination of adapter_model.safetensors + adapter_config.json (+ tokenizer).
+        tp: ``train`` params.  dp: ``detector`` params.
+        extra_callbacks: more TrainerCallbacks (tests use one to interrupt a run).
+
+    Returns:
+        The flat record and the per-step curve rows; ``is_main`` says whether this rank writes.
+    """
+    data_dir, base_dir, adapter_dir = Path(data_dir), Path(base_dir), Path(adapter_dir)
+    rank, world_size = determinism.world()
+    admission = io.read_json(data_dir / "admission.json")
+    if not admitted(admission, data_dir):
+        reason = "; ".join(str(r) for r in admission.get("reasons", [])) or "batch not admitted"
+        if rank == 0:
+            write_skipped_adapter(adapter_dir, reason)
+        return TrainResult(skipped_record(reason, base_dir, tp), [], rank == 0)
+    t_start = time.perf_counter()
+    determinism.seed_everything(tp.seed, tp.torch_threads)
+    sft, probe, kb = (io.read_parquet(data_dir / f"{n}.parquet") for n in ("sft", "probe", "kb"))
+    if sft.empty:
+        raise ClapError(
+            "admitted batch has no training items", file=data_dir / "sft.parquet", rule="empty_sft"
+        )
+    tok = mdl.load_tokenizer(base_dir, padding_side="right")
+    train_ex = build_examples(sft, kb)
+    data = Encodings(
+        train_ex,
+        [mdl.encode_example(tok, e) for e in train_ex],
+        [mdl.encode_example(tok, e) for e in build_examples(probe, kb)],
+    )
+    stats = length_stats(data.train, tp.max_length)
+    if stats["rows_truncated"] or stats["rows_dropped"]:
+        log.warning(
+            "max_length %d: %d rows truncated, %d dropped (prompt alone too long)",
+            tp.max_length,
+            stats["rows_truncated"],
+            stats["rows_dropped"],
+        )
+    run = _run_trainer(
+        data, tok, base_dir, adapter_dir, tp, dp, world_size=world_size, extra_callbacks=extra_callbacks
+    )
+    record = {
+        **run.numbers,
+        **stats,
+        "trained": 1,
+        "wall_s": round(time.perf_counter() - t_start, 3),
+        "examples": len(train_ex),
+        "probe_items": len(data.probe),
+        "seed": tp.seed,
+        "torch_threads": tp.torch_threads,
+        "world_size": world_size,
+        "loss_on_prompt": tp.loss_on_prompt,
+        "machine": platform.machine(),
+        **detector_constants(dp),
+    }
+    # a NaN loss is reported as the string "nan", never dropped (JSON has no NaN)
+    return TrainResult({k: as_text_if_nonfinite(v) for k, v in record.items()}, run.curves, rank == 0)
+
+
+def _run_trainer(
+    data: Encodings,
+    tok,
+    base_dir: Path,
+    adapter_dir: Path,
+    tp: TrainParams,
+    dp: DetectorParams,
+    *,
+    world_size: int,
+    extra_callbacks: Sequence[Any],
+) -> TrainerRun:
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    device = mdl.default_device()
+    precision = precision_plan(tp, device)
+    if precision == "qlora-nf4" and device == "cpu":
+        log.warning("4-bit nf4 forced on CPU (train.quantization: nf4): slower than fp32 LoRA here")
+    ckpt_dir = Path(tp.checkpoint_root) / adapter_dir.name
+    args = sft_config(tp, ckpt_dir, device, world_size)  # initialises the distributed state under torchrun
+    is_main = args.process_index == 0
+    fp = fingerprint(
+        tp,
+        dp,
+        {
+            name: [[e.n_prompt, *e.input_ids] for e in enc]
+            for name, enc in (("train", data.train), ("probe", data.probe))
+        },
+        base_dir,
+        world_size,
+    )
+    resume = last_complete_checkpoint(ckpt_dir, fp, is_main)
+    _barrier()
+    if is_main:
+        io.write_json(ckpt_dir / FINGERPRINT_FILE, {"fingerprint": fp})
+    pilot = [data.train[i] for i in pilot_indices(len(data.train), dp.pilot_items, dp.seed)]
+    diag = Diagnosis(
+        dp, data.probe, pilot, max_tokens=tp.max_length, inject_nan_at_step=tp.inject_nan_at_step
+    )
+    if resume:
+        log.warning("resuming from %s", resume)
+        diag.load_state(resume)
+    trainer = SFTTrainer(
+        model=load_train_model(base_dir, precision, device),
+        args=args,
+        train_dataset=Dataset.from_list(data.examples),
+        processing_class=tok,
+        peft_config=lora_config(tp),
+        callbacks=[diag, *extra_callbacks],
+    )
+    masked, total = masked_label_counts(trainer.train_dataset)
+    if (
+        resume and diag.s.stop_step >= 0
+    ):  # the checkpointed run had stopped there: that was its end, not a pause
+        log.warning(
+            "the run in %s stopped at step %d (%s): restoring it, nothing left to train",
+            resume,
+            diag.s.stop_step,
+            diag.s.health,
+        )
+        out = restore_stopped_run(trainer, diag, Path(resume))
+    else:
+        with compact_lm_head():
+            out = trainer.train(resume_from_checkpoint=resume)
+    probe_start, probe_end = diag.score_probe(trainer.model)
+    final = ckpt_dir / "final"
+    trainer.save_model(str(final))  # every rank (FSDP gathers); writes on the main process only
+    _barrier()
+    adapter_sha = write_adapter(final, adapter_dir) if is_main else ""
+    numbers = {
+        **_run_numbers(trainer, out, diag),
+        "precision": precision,
+        "device": device,
+        "resumed_from": Path(resume).name if resume else "",
+        "masked_tokens_fraction": masked / max(total, 1),
+        "label_tokens": total,
+        "probe_loss_start": probe_start,
+        "probe_loss_end": probe_end,
+        "base_sha256": mdl.base_sha256(base_dir),
+        "adapter_sha256": adapter_sha,
+    }
+    return TrainerRun(numbers, diag.s.rows)
+
+
+def restore_stopped_run(trainer, diag: Diagnosis, checkpoint: Path):
+    """Put a stopped run's last checkpoint (written at its stop step) back in place of training.
+
+    ``trainer.train(resume_from_checkpoint=...)`` would train on: Trainer runs a step before
+    it checks a stop flag, so a run the detector stopped would come back with more steps and
+    another adapter.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+    from transformers.trainer_utils import TrainOutput
+
+    trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    set_peft_model_state_dict(trainer.model, load_file(str(checkpoint / ADAPTER_FILES[0])))
+    diag.resumed_tokens = logged_tokens(trainer.state.log_history)
+    return TrainOutput(trainer.state.global_step, 0.0, {"train_runtime": 0.0})
+
+
+def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
+    """Steps, tokens, losses, throughput and memory of a finished ``trainer.train()``."""
+    rows = [r for r in diag.s.rows if r["loss"] is not None]
+    losses = [float(r["loss"]) for r in rows]
+    finite = [v for v in losses if np.isfinite(v)]
+    tokens = diag.resumed_tokens + diag.run_tokens
+    runtime = float(out.metrics.get("train_runtime", 0.0))
+    tail = finite[-max(diag.p.every_steps, 1) :]
+    summary = diag.summary()
+    if summary["health"] == "ok" and trainer.state.global_step < diag.s.planned_steps:
+        summary["health"] = "stopped"  # stopped early by something other than the diagnosis
+    return {
+        **summary,
+        "steps": int(trainer.state.global_step),
+        "planned_steps": int(diag.s.planned_steps),
+        "epochs": float(trainer.state.epoch or 0.0),
+        "tokens": int(tokens),
+        "train_runtime_s": round(runtime, 3),
+        "tokens_per_s": round(diag.run_tokens / runtime, 3) if runtime > 0 else 0.0,
+        "final_loss": losses[-1] if losses else float("nan"),
+        "min_loss": min(finite) if finite else float("nan"),
+        "train_loss_end": float(np.mean(tail)) if tail else float("nan"),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def write_adapter(src: Path, adapter_dir: Path) -> str:
+    """Copy the saved adapter (+ tokenizer files) into ``adapter_dir`` atomically; its sha256."""
+    missing = [n for n in ADAPTER_FILES if not (src / n).exists()]
+    if missing:
+        raise ClapError(f"trainer did not save {missing}", file=src, rule="adapter_not_saved")
+    with io.atomic_dir(adapter_dir) as tmp:
+        for p in sorted(src.iterdir()):
+            if p.is_file() and not p.name.startswith(("training_args", "README")):
+                shutil.copy2(p, tmp / p.name)
+        canonical_adapter_config(tmp / ADAPTER_FILES[1])
+    return io.sha256_file(adapter_dir / ADAPTER_FILES[0])
+
+
+def canonical_adapter_config(path: Path) -> None:
+    """Rewrite peft's adapter_config.json with ``target_modules`` sorted.
+
+    peft keeps target_modules as a set and writes it in string-hash order, which changes with
+    PYTHONHASHSEED from run to run: without this the adapter folder is not byte-identical.
+    """
+    config = io.read_json(path)
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    io.write_json(path, config)
+
+
+def write_skipped_adapter(adapter_dir: Path, reason: str) -> None:
+    """An adapter folder without weights: the batch was not trained, and why."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        io.write_json(tmp / "skipped.json", {"trained": False, "reason": reason})
