@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from clap import io, params
-from clap.judge.evaluation import EvalParams
+from clap import io
+from clap.judge.evaluation import eval_params
 from clap.model.base import load_model, load_tokenizer
 from clap.model.generate import encode_chats, generate_batched, stop_ids
 from clap.task.prompt import build_messages
@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    p = params.section("eval", EvalParams, ROOT / "params.yaml")
+    p = eval_params(ROOT / "params.yaml")
     chats = raw_chats(ROOT / "data/raw" / args.batch, args.items)
     model, tok = load_model(args.base, args.adapter), load_tokenizer(args.base, padding_side="left")
     start = time.perf_counter()

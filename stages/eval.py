@@ -4,7 +4,7 @@ usage: python stages/eval.py data/admitted/<b> models/base models/adapters/<b> r
 
 in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if trained);
      the incumbent adapter models/adapters/<pointer batch> (if releases/production.json names one,
-     sha256-verified); params.yaml `eval`, `scoring`
+     sha256-verified); params.yaml `eval`, `chain` (answer budget), `scoring`
 out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
      manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from clap import determinism, io, params, stage
-from clap.judge.evaluation import EvalParams, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
+from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
 from clap.task.scoring import ScoringParams
 from schemas.eval import EvalItems, EvalTimings
@@ -28,7 +28,7 @@ USAGE = "usage: python stages/eval.py ADMITTED_DIR BASE_DIR ADAPTER_DIR PRODUCTI
 def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path, metrics_path: Path) -> dict:
     """Evaluate every model of one batch; write the eval folder and metrics; return the metrics."""
     started = time.perf_counter()
-    ep, sp = params.section("eval", EvalParams), params.section("scoring", ScoringParams)
+    ep, sp = eval_params(), params.section("scoring", ScoringParams)
     dp = params.section("determinism", determinism.DeterminismParams)
     determinism.apply(dp)
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")

@@ -23,6 +23,7 @@ from clap.task.scoring import ScoringParams  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.grpo import run_probe  # noqa: E402
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
+from clap.train.sft import TrainParams  # noqa: E402
 
 USAGE = "usage: python stages/grpo.py ADMITTED_DIR ADMIT_JSON BASE_DIR SFT_ADAPTER_DIR GRPO_ADAPTER_DIR METRICS_JSON CURVES_CSV"
 
@@ -38,7 +39,9 @@ def run(
 ) -> dict | None:
     """Probe one batch; rank 0 writes the record and curves and gets the record back."""
     p, sp = params.section("grpo", GrpoParams), params.section("scoring", ScoringParams)
-    result = run_probe(data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp)
+    result = run_probe(
+        data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp, params.section("train", TrainParams)
+    )
     if not result.is_main:
         return None
     result.record.update(

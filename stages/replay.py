@@ -3,7 +3,7 @@
 usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
 
 in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if trained);
-     params.yaml `chain`, `replay`, `scoring`
+     params.yaml `chain`, `eval` (batch size), `scoring`
 out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
      reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution);
      flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, adapter latency cost);
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from clap import io, params, stage
 from clap.chain.chain import ChainParams
+from clap.judge.evaluation import eval_params
 from clap.judge.replay import (
-    ReplayParams,
     plot_rows,
     render_report,
     replay_metrics,
@@ -47,7 +47,7 @@ def run(
     started = time.perf_counter()
     cp, rp, sp = (
         params.section("chain", ChainParams),
-        params.section("replay", ReplayParams),
+        eval_params(),
         params.section("scoring", ScoringParams),
     )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")

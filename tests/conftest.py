@@ -212,13 +212,11 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["base"]["model"] = str(tiny_base)
     p["train"].update(max_steps=6, save_steps=3)
     p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
-    p["eval"].update(batch_size=8, max_new_tokens=24)
+    p["eval"].update(batch_size=8)
     p["grpo"].update(
         enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8
     )
-    for section, key, value in (("replay", "max_new_tokens", 24), ("chain", "max_new_tokens", 24)):
-        if section in p and key in p[section]:
-            p[section][key] = value
+    p["chain"].update(max_new_tokens=24)
     return p
 
 

@@ -42,7 +42,7 @@ from clap import io
 from clap.data.admission import AdmitParams, reason, training_data_checks
 from clap.data.normalize import NormalizeParams, build_vocab
 from clap.errors import ClapError
-from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, evaluate
+from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, eval_params, evaluate
 from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
 from clap.model.base import ADAPTER_FILE
 from clap.task.prompt import ANSWER_FIELDS
@@ -131,13 +131,14 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
     sections = {
         "train": TrainParams,
         "detector": DetectorParams,
-        "eval": EvalParams,
         "scoring": ScoringParams,
         "gate": GateParams,
         "admit": AdmitParams,
         "normalize": NormalizeParams,
     }
-    loop = LoopParams(**{name: params.section(name, cls, path) for name, cls in sections.items()})
+    loop = LoopParams(
+        **{name: params.section(name, cls, path) for name, cls in sections.items()}, eval=eval_params(path)
+    )
     return params.section("calibrate", CalibrateParams, path), loop
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from clap import io
+from clap import io, params
+from clap.chain.chain import ChainParams
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation, generate_batched
@@ -39,10 +40,34 @@ TIMING_COLUMNS = ["model", "item_id", "latency_ms", "batch_wall_ms", "batch_size
 
 @dataclasses.dataclass(frozen=True)
 class EvalParams:
-    """Params section ``eval``."""
+    """How answers are decoded: ``eval.batch_size`` prompts at a time (eval and replay), within the
+    application chain's answer budget ``chain.max_new_tokens`` (one budget for eval, replay and
+    serving). Built from params.yaml by :func:`eval_params`."""
 
     batch_size: int
     max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ClapError(
+                "eval.batch_size and chain.max_new_tokens must be >= 1",
+                file="params.yaml",
+                column="eval.batch_size",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class _EvalSection:
+    """Params section ``eval``."""
+
+    batch_size: int
+
+
+def eval_params(path: Path | str = params.DEFAULT_PATH) -> EvalParams:
+    """:class:`EvalParams` from params sections ``eval`` (batch size) and ``chain`` (answer budget)."""
+    budget = params.section("chain", ChainParams, path).max_new_tokens
+    return EvalParams(params.section("eval", _EvalSection, path).batch_size, budget)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,6 @@ release policy re-runs the gate, never these generations.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,8 +34,7 @@ import numpy as np
 import pandas as pd
 
 from clap.chain.chain import ChainAnswer, ChainParams, build_index, load_chain
-from clap.errors import ClapError
-from clap.judge.evaluation import SCORED_COLUMNS, score_generations
+from clap.judge.evaluation import SCORED_COLUMNS, EvalParams, score_generations
 from clap.task.prompt import CORE_FIELDS
 from clap.task.scoring import ScoringParams
 
@@ -69,22 +67,6 @@ TIMING_COLUMNS = [
 PLOT_METRICS = ("value_accuracy", "core_accuracy", "answer_evidence_rate", "retrieval_hit_rate")
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplayParams:
-    """Params section ``replay`` (how the chain is run; the policy on its numbers is ``gate.chain``)."""
-
-    batch_size: int
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ClapError(
-                "replay: batch_size must be >= 1",
-                file="params.yaml",
-                column="replay.batch_size",
-                rule="bad_params",
-            )
-
-
 # ------------------------------------------------------------------ running the conditions
 
 
@@ -94,7 +76,7 @@ def run_conditions(
     base_dir: Any,
     adapter_dir: Any | None,
     cp: ChainParams,
-    p: ReplayParams,
+    p: EvalParams,
 ) -> dict[str, list[ChainAnswer]]:
     """Answer every case under A and C (base) and, with an adapter, B and D; one index for all."""
     if items.empty:

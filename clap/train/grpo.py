@@ -31,7 +31,14 @@ from clap.task.scoring import ScoringParams, context_text, reward
 from clap.train.diagnosis import as_text_if_nonfinite
 from clap.train.grpo_diagnosis import GrpoDiagnosis
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
-from clap.train.sft import ADAPTER_FILES, TrainerRun, canonical_adapter_config, load_train_model
+from clap.train.sft import (
+    ADAPTER_FILES,
+    TrainerRun,
+    TrainParams,
+    canonical_adapter_config,
+    load_train_model,
+    lora_config,
+)
 
 log = logging.getLogger(__name__)
 NOT_RUN_FILE = "not_run.json"
@@ -119,13 +126,14 @@ def grpo_config(p: GrpoParams, out_dir: Path, device: str):
     )
 
 
-def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, device: str):
-    """(model, peft_config): a fresh LoRA on the base, or the batch's SFT adapter continued.
+def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, tp: TrainParams, device: str):
+    """(model, peft_config): a fresh LoRA of the SFT shape (params ``train``) on the base, or the batch's
+    SFT adapter continued.
 
     Continuing a PeftModel with ``beta > 0``, TRL keeps a frozen ``ref`` copy of the adapter,
     so KL is measured against the SFT policy the probe started from.
     """
-    from peft import LoraConfig, PeftModel
+    from peft import PeftModel
 
     if p.start_from == "sft" and not (sft_dir / ADAPTER_FILES[0]).exists():
         raise ClapError(
@@ -136,14 +144,7 @@ def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, device: str):
     model = load_train_model(base_dir, "bf16-lora" if device == "cuda" else "fp32-lora", device)
     if p.start_from == "sft":
         return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
-    return model, LoraConfig(
-        r=p.lora_r,
-        lora_alpha=p.lora_alpha,
-        lora_dropout=p.lora_dropout,
-        target_modules=list(p.target_modules),
-        task_type="CAUSAL_LM",
-        bias="none",
-    )
+    return model, lora_config(tp)
 
 
 def save_adapter(trainer, adapter_dir: Path) -> str:
@@ -196,6 +197,7 @@ def run_probe(
     adapter_dir: Path | str,
     p: GrpoParams,
     sp: ScoringParams,
+    tp: TrainParams,
 ) -> ProbeResult:
     """Run (or skip) the GRPO probe of one batch and write its adapter folder (rank 0).
 
@@ -204,7 +206,7 @@ def run_probe(
         admit_json: ``metrics/admit/<b>.json`` (the static verdict on D_grpo).
         base_dir: the exported base model.  sft_dir: ``models/adapters/<b>`` (used when start_from is sft).
         adapter_dir: ``models/grpo/<b>``: the probe's adapter, or ``not_run.json``.
-        p: ``grpo`` params.  sp: ``scoring`` params (the reward).
+        p: ``grpo`` params.  sp: ``scoring`` params (the reward).  tp: ``train`` params (LoRA shape, threads).
 
     Returns:
         The flat record (static and runtime verdicts side by side) and the curve rows.
@@ -227,11 +229,11 @@ def run_probe(
             write_not_run(adapter_dir, reason)
         return ProbeResult(not_run_record(reason, static, p), [], rank == 0)
     start = time.perf_counter()
-    determinism.seed_everything(p.seed, p.torch_threads)
+    determinism.seed_everything(p.seed, tp.torch_threads)
     items, kb = io.read_parquet(data_dir / "grpo.parquet"), io.read_parquet(data_dir / "kb.parquet")
     if items.empty:
         raise ClapError("admitted batch has no GRPO items", file=data_dir / "grpo.parquet", rule="empty_grpo")
-    run = _train(probe_rows(items, kb), base_dir, sft_dir, adapter_dir, p, sp)
+    run = _train(probe_rows(items, kb), base_dir, sft_dir, adapter_dir, p, sp, tp)
     record = {
         **run.numbers,
         **static,
@@ -255,12 +257,13 @@ def _train(
     adapter_dir: Path,
     p: GrpoParams,
     sp: ScoringParams,
+    tp: TrainParams,
 ) -> TrainerRun:
     from datasets import Dataset
     from trl import GRPOTrainer
 
     device = mdl.default_device()
-    model, peft_config = load_policy(base_dir, sft_dir, p, device)
+    model, peft_config = load_policy(base_dir, sft_dir, p, tp, device)
     diag = GrpoDiagnosis(
         p.thresholds, inject_at_step=p.inject_kl_at_step, inject_std=p.inject_kl_noise_std, seed=p.seed
     )

@@ -7,7 +7,7 @@ and what the gate and summary make of a probe :mod:`clap.judge.grpo_gate`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,6 @@ class GrpoParams:
     start_from: str
     hold_sft_on_hold: bool
     seed: int
-    torch_threads: int
     max_steps: int
     lr: float
     beta: float
@@ -60,10 +59,6 @@ class GrpoParams:
     prompts_per_step: int
     max_completion_length: int
     temperature: float
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float
-    target_modules: Sequence[str]
     inject_kl_at_step: int
     inject_kl_noise_std: float
     thresholds: GrpoThresholds

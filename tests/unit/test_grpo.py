@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from clap.task.scoring import ScoringParams, reward
 from clap.train.diagnosis import curves_csv
 from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
+from clap.train.sft import TrainParams
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIT = {
@@ -26,6 +28,7 @@ ADMIT = {
     "reward_variance_min_passed": 1,
 }
 SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
+TP = dataclasses.replace(params.section("train", TrainParams, ROOT / "params.yaml"), torch_threads=1)
 
 
 def tiny_params(**overrides) -> GrpoParams:
@@ -39,7 +42,6 @@ def tiny_params(**overrides) -> GrpoParams:
             "num_generations": 2,
             "prompts_per_step": 1,
             "max_completion_length": 6,
-            "torch_threads": 1,
             **overrides,
         }
     )
@@ -79,6 +81,7 @@ def test_injected_kl_blowup_is_stopped_and_held(batch, tiny_base, tmp_path):
         tmp_path / "grpo",
         tiny_params(max_steps=3, inject_kl_at_step=2),
         SP,
+        TP,
     )
     rec = res.record
     assert (rec["health"], rec["runtime_verdict"], rec["stop_reason"], rec["stop_step"], rec["steps"]) == (
@@ -101,7 +104,9 @@ def test_injected_kl_blowup_is_stopped_and_held(batch, tiny_base, tmp_path):
 
 def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path):
     data, admit = batch
-    res = run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(lr=1e-6), SP)
+    res = run_probe(
+        data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(lr=1e-6), SP, TP
+    )
     rec = res.record
     assert (
         rec["run"],
@@ -134,6 +139,7 @@ def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
         tmp_path / "off",
         tiny_params(enabled=["another-batch"]),
         SP,
+        TP,
     )
     assert (off.record["run"], off.record["health"], off.record["stop_reason"], off.curves) == (
         0,
@@ -147,10 +153,10 @@ def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
     )
     io.write_json(tmp_path / "refused.json", {**ADMIT, "admitted": 0})
     refused = run_probe(
-        data, tmp_path / "refused.json", tiny_base, tmp_path / "no-sft", tmp_path / "r", tiny_params(), SP
+        data, tmp_path / "refused.json", tiny_base, tmp_path / "no-sft", tmp_path / "r", tiny_params(), SP, TP
     )
     assert refused.record["stop_reason"] == "not_admitted" and refused.record["static_verdict"] == "pass"
     with pytest.raises(ClapError, match="SFT adapter"):
         run_probe(
-            data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "s", tiny_params(start_from="sft"), SP
+            data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "s", tiny_params(start_from="sft"), SP, TP
         )

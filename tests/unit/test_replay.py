@@ -10,9 +10,9 @@ from conftest import make_tiny_adapter, write_tiny_admitted
 from clap.chain.chain import ChainParams
 from clap.chain.retrieval import RetrievalParams
 from clap.errors import ClapError
+from clap.judge.evaluation import EvalParams
 from clap.judge.replay import (
     CASE_COLUMNS,
-    ReplayParams,
     plot_rows,
     render_report,
     replay_metrics,
@@ -29,7 +29,7 @@ CP = ChainParams(
     max_new_tokens=5,
     retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
 )
-RPARAMS = ReplayParams(batch_size=4)
+RPARAMS = EvalParams(batch_size=4, max_new_tokens=5)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,5 +117,5 @@ def test_empty_replay_runs_nothing():
 
 
 def test_params_refuse_nonsense():
-    with pytest.raises(ClapError, match="replay.batch_size"):
-        ReplayParams(batch_size=0)
+    with pytest.raises(ClapError, match="eval.batch_size"):
+        EvalParams(batch_size=0, max_new_tokens=5)
