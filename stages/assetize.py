@@ -42,7 +42,7 @@ def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
             io.write_parquet(tmp / f"{name}.parquet", df)
     metrics.update(frame_hashes(out_dir, frames))
     metrics["seconds"] = round(time.perf_counter() - started, 3)
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

@@ -28,7 +28,7 @@ def run(out_dir: Path, metrics_path: Path) -> dict:
     started = time.perf_counter()
     record = export_base(params.section("base", BaseParams), out_dir)
     record["seconds"] = round(time.perf_counter() - started, 3)
-    io.write_json(metrics_path, record)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), record)
     return record
 
 

@@ -75,7 +75,7 @@ def run(
         "wall_s": round(time.perf_counter() - started, 3),
         "device": default_device(),
     }
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

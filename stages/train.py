@@ -48,7 +48,7 @@ def run(
         determinism.adapter_logical_hash(weights, dp.logical_decimals) if result.record["trained"] else ""
     )
     result.record.update(determinism.record(dp, default_device()), adapter_logical_sha256=logical)
-    io.write_json(metrics_path, result.record)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves))
     return result.record
 
