@@ -387,20 +387,25 @@ def validate_manifest(m: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------- cost
 
 
-def stage_record(root: Path, stage: str, batch: str) -> dict[str, Any]:
-    """A stage's flat record: ``metrics/<stage>/<batch>.json`` merged with its record file
-    ``records/<stage>/<batch>.json`` (device, hashes, versions); {} for what is missing."""
-    path = Path(root) / "metrics" / stage / f"{batch}.json"
+def _merged(metrics_path: Path) -> dict[str, Any]:
+    """A metrics file merged with its record file (:func:`clap.io.record_path`); {} for what is missing."""
     out: dict[str, Any] = {}
-    for part in (path, io.record_path(path)):
+    for part in (metrics_path, io.record_path(metrics_path)):
         if part.exists():
             out.update(io.read_json(part))
     return out
 
 
+def stage_record(root: Path, stage: str, batch: str) -> dict[str, Any]:
+    """A stage's flat record: ``metrics/<stage>/<batch>.json`` with ``records/<stage>/<batch>.json``
+    (the device, hashes, versions live in the record file)."""
+    return _merged(Path(root) / "metrics" / stage / f"{batch}.json")
+
+
 def _base_record(root: Path) -> dict[str, Any]:
-    """metrics/base.json with records/base.json (the weights sha256, the source)."""
-    return io.read_flat(Path(root) / "metrics" / "base.json")
+    """metrics/base.json (loud when missing) with records/base.json (the weights sha256, the source)."""
+    path = Path(root) / "metrics" / "base.json"
+    return {**io.read_json(path), **_merged(path)}
 
 
 def _stage_cost(root: Path, stage: str, batch: str, p: CostParams) -> dict[str, Any]:
