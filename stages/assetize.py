@@ -5,7 +5,8 @@ usage: python stages/assetize.py data/raw/<b> data/assets/<b> metrics/assetize/<
 in:  data/raw/<b>/{mes_shift_reports.csv, quality_inspections.jsonl, maintenance_tickets.csv,
      kb_documents.jsonl, question_log.jsonl}
 out: data/assets/<b>/{records,kb,sft,eval,replay,grpo,rejects}.parquet (written all at once),
-     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule, encodings)
+     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule) and
+     records/assetize/<b>.json (file and logical hashes, encodings; clap.io.split_record)
 """
 
 from __future__ import annotations

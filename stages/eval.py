@@ -6,7 +6,8 @@ in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if
      the incumbent adapter models/adapters/<pointer batch> (if releases/production.json names one,
      sha256-verified); params.yaml `eval`, `scoring`
 out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
-     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json
+     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json, its
+     provenance (items hash, versions, device, threads, incumbent batch) in records/eval/<b>.json
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if
 out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
      reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution);
      flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, adapter latency cost);
+     records/replay/<b>.json (base, adapter and cases sha256, device);
      plot data csv (condition, metric, value, series)
 """
 

@@ -5,7 +5,8 @@ usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> 
 
 in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`
 out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
-     admitted gets only skipped.json), metrics/train/<b>.json (flat record), plots/train/<b>.csv
+     admitted gets only skipped.json), metrics/train/<b>.json (flat numbers) +
+     records/train/<b>.json (hashes, versions, seed, threads, device), plots/train/<b>.csv
      (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, gap_increment, log_e, log_threshold).
      Training runs in <train.checkpoint_root>/<b>/ and resumes from there after a kill.
 """
