@@ -130,7 +130,8 @@ def adapter_logical_hash(weights: Path | str, decimals: int) -> str:
 
 
 def gate_record(train: Mapping[str, Any], p: DeterminismParams) -> dict[str, Any]:
-    """What the gate's decision rests on, for its flat record: the installed versions and the
-    training run's seed, threads and determinism (``train_`` prefix; -1/"" when not trained)."""
+    """What the gate's decision rests on, for its flat record (all of it lands in records/gate/<b>.json):
+    the installed versions and the training run's seed, threads and determinism (``train_`` prefix;
+    -1/"" when not trained; ``train`` is the merged metrics+record, :func:`clap.io.read_flat`)."""
     keys = {"seed": -1, "torch_threads": -1, "deterministic_algorithms": -1, "determinism": ""}
     return {**versions(p.packages), **{f"train_{k}": train.get(k, default) for k, default in keys.items()}}

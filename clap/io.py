@@ -246,3 +246,121 @@ def _canon(v: Any) -> Any:
     if pd.isna(v) if not isinstance(v, (str, bytes, dict)) else False:
         return None
     return v
+
+
+# ---------------------------------------------------------------- metrics vs records
+#
+# A stage builds ONE flat record; this is the only place that splits it. ``metrics/<stage>/<b>.json``
+# (a DVC metrics file: ``dvc metrics show/diff``, ``dvc exp show``) keeps what a reviewer compares:
+# counts, rates, the numbers behind decisions, timings and the decision words. Provenance goes to
+# ``records/<stage>/<b>.json`` (a DVC out with ``cache: false``: in git, versioned with the commit,
+# never a metric). A key goes to the record when it matches one of RECORD_KEY_PATTERNS (fnmatch, on
+# the whole key and on its last dotted part), or when its value is a string that reads as a sha256
+# or a version number (a safety net: a new hash/version key cannot drift into the metrics).
+# Nothing is lost: metrics | record == the flat record, and the two never share a key.
+
+RECORD_KEY_PATTERNS: tuple[str, ...] = (
+    # hashes: file, folder, logical (content) hashes of data, adapters, base weights, replay cases
+    "*sha256*",
+    # installed package versions
+    "*_version",
+    # randomness and threading of the run
+    "seed",
+    "*_seed",
+    "torch_threads",
+    "*_torch_threads",
+    "world_size",
+    # where and how it ran: device, machine, precision, determinism mode
+    "device",
+    "*_device",
+    "machine",
+    "precision",
+    "determinism",
+    "*_determinism",
+    "deterministic_algorithms",
+    "*_deterministic_algorithms",
+    # lineage: what a run resumed or started from, the commit, the incumbent it was compared with
+    "resumed_from",
+    "start_from",
+    "git_commit",
+    "incumbent_batch",
+    # input files' encodings (assetize: "<file>.encoding")
+    "encoding",
+    # the base model's source and format (stage base)
+    "source",
+    "source_file",
+    "source_kind",
+    "weights_files",
+    "architecture",
+    "dtype",
+    # detector constants echoed from params `detector` (the numbers it decides with stay:
+    # detector_log_threshold, detector_max_log_e, detector_alarm_step, ...)
+    "detector_enabled",
+    "detector_alpha",
+    "detector_clip",
+    "detector_every_steps",
+    "detector_lambdas",
+    "detector_weights",
+    "detector_m0",
+    "detector_null_gap",
+    "detector_pilot_items",
+    "detector_probe_draw",
+)
+_SHA256_VALUE = re.compile(r"[0-9a-f]{64}")
+_VERSION_VALUE = re.compile(r"v?\d+\.\d+(\.\d+)*([.+-][0-9A-Za-z.+-]*)?")
+
+
+def is_record_value(value: Any) -> bool:
+    """A string that reads as a sha256 or a package version (never a metric)."""
+    return isinstance(value, str) and bool(_SHA256_VALUE.fullmatch(value) or _VERSION_VALUE.fullmatch(value))
+
+
+def is_record_key(key: str, value: Any = None) -> bool:
+    """Whether ``key`` (with ``value``) belongs to the record file rather than the metrics file."""
+    last = key.rsplit(".", 1)[-1]
+    return any(
+        fnmatch.fnmatchcase(key, p) or fnmatch.fnmatchcase(last, p) for p in RECORD_KEY_PATTERNS
+    ) or is_record_value(value)
+
+
+def split_record(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(metrics, record)`` of one flat record, by :func:`is_record_key`."""
+    metrics = {k: v for k, v in flat.items() if not is_record_key(k, v)}
+    record = {k: v for k, v in flat.items() if k not in metrics}
+    return metrics, record
+
+
+def record_path(metrics_path: Path | str) -> Path:
+    """The record file of a metrics file: ``.../metrics/<stage>/<b>.json`` -> ``.../records/<stage>/<b>.json``
+    (the last folder named ``metrics`` becomes ``records``); a metrics file outside any ``metrics``
+    folder gets ``<name>.record.json`` beside it."""
+    path = Path(metrics_path)
+    parts = path.parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "metrics":
+            return Path(*parts[:i], "records", *parts[i + 1 :])
+    return path.with_name(f"{path.stem}.record.json")
+
+
+def write_metrics_and_record(
+    metrics_path: Path | str, record_path_: Path | str | None, flat: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``flat`` (:func:`split_record`) and write both files (the record first, atomically each);
+    ``record_path_`` None means :func:`record_path` of ``metrics_path``. Returns ``(metrics, record)``."""
+    metrics, record = split_record(flat)
+    write_json(record_path(metrics_path) if record_path_ is None else record_path_, record)
+    write_json(metrics_path, metrics)
+    return metrics, record
+
+
+def read_flat(metrics_path: Path | str) -> dict[str, Any]:
+    """The whole flat record of a stage: its metrics file merged with its record file
+    (:func:`record_path`; a missing record file is a loud error, like a missing metrics file)."""
+    metrics_path = Path(metrics_path)
+    out: dict[str, Any] = {}
+    for path in (metrics_path, record_path(metrics_path)):
+        part = read_json(path)
+        if not isinstance(part, dict):
+            raise ClapError("record must be a flat JSON object", file=path, rule="corrupt_record")
+        out.update(part)
+    return out

@@ -60,8 +60,9 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
         for name, df in frames.items():
             io.write_parquet(tmp / f"{name}.parquet", df)
         io.write_json(tmp / "admission.json", result.record)
-    io.write_json(
+    io.write_metrics_and_record(
         metrics_path,
+        io.record_path(metrics_path),
         {
             **result.metrics,
             **frame_hashes(out_dir, frames),

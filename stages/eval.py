@@ -6,7 +6,8 @@ in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if
      the incumbent adapter models/adapters/<pointer batch> (if releases/production.json names one,
      sha256-verified); params.yaml `eval`, `chain` (answer budget), `scoring`
 out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
-     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json
+     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json, its
+     provenance (items hash, versions, device, threads, incumbent batch) in records/eval/<b>.json
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         "wall_s": round(time.perf_counter() - started, 3),
         "device": default_device(),
     }
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

@@ -3,9 +3,9 @@
 usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json metrics/replay/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
 
 in:  data/eval/<b>/{items,timings}.parquet + manifest.json; the flat training, admission and
-     application-chain replay records; params.yaml `gate` (the whole release policy, `gate.chain`
+     application-chain replay records (each metrics file with its record file records/<stage>/<b>.json); params.yaml `gate` (the whole release policy, `gate.chain`
      for the replay) and, for the evidence, `sizes admit train scoring eval`
-out: metrics/gate/<b>.json (flat; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
+out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
      decision without the chain checks as offline_decision), reports/gate/<b>/evidence.json (hashes, params,
      commit, regressed samples, the replay record), reports/gate/<b>/report.md
 with the GRPO probe record: the batch's GRPO-candidate decision (grpo_* fields, evidence["grpo"] with the KL
@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from clap import determinism, io, params, stage
-from clap.errors import ClapError
 from clap.judge import grpo_gate as grpo
 from clap.judge.evaluation import read_scored
 from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
@@ -29,11 +28,9 @@ EVIDENCE_SECTIONS = ("sizes", "admit", "train", "scoring", "eval", "gate")
 
 
 def read_record(path: Path) -> dict:
-    """A flat JSON record (a list or scalar is a corrupt record)."""
-    record = io.read_json(path)
-    if not isinstance(record, dict):
-        raise ClapError("record must be a flat JSON object", file=path, rule="corrupt_record")
-    return record
+    """A stage's whole flat record: its metrics file merged with its record file (records/<stage>/<b>.json,
+    :func:`clap.io.record_path`: the hashes, versions, seeds and devices); a list or scalar is a corrupt record."""
+    return io.read_flat(path)
 
 
 def run(
@@ -71,7 +68,7 @@ def run(
     with io.atomic_dir(report_dir) as tmp:
         io.write_json(tmp / "evidence.json", evidence)
         io.atomic_write_text(tmp / "report.md", report)
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

@@ -47,7 +47,7 @@ def run(
     result.record.update(
         determinism.versions(params.section("determinism", determinism.DeterminismParams).packages)
     )
-    io.write_json(metrics_path, result.record)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves, CURVE_COLUMNS))
     return result.record
 

@@ -39,7 +39,7 @@ def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
         **frame_hashes(out_dir, checked),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

@@ -7,6 +7,7 @@ in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if
 out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
      reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution);
      flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, adapter latency cost);
+     records/replay/<b>.json (base, adapter and cases sha256, device);
      plot data csv (condition, metric, value, series)
 """
 
@@ -75,7 +76,7 @@ def run(
         "wall_s": round(time.perf_counter() - started, 3),
         "device": default_device(),
     }
-    io.write_json(metrics_path, metrics)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
 

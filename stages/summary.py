@@ -41,7 +41,7 @@ def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) 
         flat.update(grpo.summary_fields(probes))
         markdown += grpo.render_static_runtime(probes)
     io.atomic_write_text(report_md, markdown)
-    io.write_json(summary_json, flat)
+    io.write_metrics_and_record(summary_json, io.record_path(summary_json), flat)
     io.atomic_write_text(plot_csv, plot_frame(rows, p).to_csv(index=False, lineterminator="\n"))
     return flat
 

@@ -5,7 +5,8 @@ usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> 
 
 in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`
 out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
-     admitted gets only skipped.json), metrics/train/<b>.json (flat record), plots/train/<b>.csv
+     admitted gets only skipped.json), metrics/train/<b>.json (flat numbers) +
+     records/train/<b>.json (hashes, versions, seed, threads, device), plots/train/<b>.csv
      (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, gap_increment, log_e, log_threshold).
      Training runs in <train.checkpoint_root>/<b>/ and resumes from there after a kill.
 """
@@ -48,7 +49,7 @@ def run(
         determinism.adapter_logical_hash(weights, dp.logical_decimals) if result.record["trained"] else ""
     )
     result.record.update(determinism.record(dp, default_device()), adapter_logical_sha256=logical)
-    io.write_json(metrics_path, result.record)
+    io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves))
     return result.record
 

@@ -191,7 +191,7 @@ def e2e_project_files() -> list[str]:
     for f in filter(None, out):
         if f.startswith("data/raw/") and not f.startswith(f"data/raw/{E2E_BATCH}/"):
             continue  # one batch is enough
-        if f.startswith(("metrics/", "reports/", "plots/")) or f == "dvc.lock":
+        if f.startswith(("metrics/", "records/", "reports/", "plots/")) or f == "dvc.lock":
             continue  # the copy produces its own
         if (_ROOT / f).is_file():
             keep.append(f)

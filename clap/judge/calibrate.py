@@ -533,4 +533,4 @@ def write_outputs(
         io.write_json(tmp / "runs.json", {"summary": result.summary, "runs": result.rows})
         for name, rows in result.curves.items():
             io.atomic_write_text(tmp / "curves" / f"{name}.csv", curves_csv(rows))
-    io.write_json(metrics_path, flat_metrics(result))
+    io.write_metrics_and_record(metrics_path, None, flat_metrics(result))

@@ -1,7 +1,7 @@
 """Handoff artifacts of a release: model card, reproducibility manifest, cost report.
 
 ``releases/handoff/<batch>/`` receives three files, all derived from tracked records
-(metrics/*, dvc.lock, params) and the artifact hashes an approval is bound to:
+(metrics/*, records/*, dvc.lock, params) and the artifact hashes an approval is bound to:
 
 - ``README.md``: a Hugging Face model card (YAML front matter + markdown), validated
   offline: the front matter is parsed back and its required keys and types are checked
@@ -130,7 +130,7 @@ def _eval_metrics(root: Path, batch: str) -> list[dict[str, Any]]:
 
 def model_card(root: Path, binding: Binding, datasets: dict[str, str], p: CardParams) -> str:
     """The Hugging Face model card text (YAML front matter + markdown body)."""
-    base = io.read_json(Path(root) / "metrics" / "base.json")
+    base = _base_record(root)
     b = binding.batch
     meta = {
         "base_model": str(base.get("source", "")),
@@ -341,9 +341,7 @@ def _hardware(root: Path, batch: str) -> dict[str, Any]:
         "torch_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
     }
     for stage in ("train", "eval"):
-        path = Path(root) / "metrics" / stage / f"{batch}.json"
-        record = io.read_json(path) if path.exists() else {}
-        hw[f"{stage}_device"] = record.get("device")
+        hw[f"{stage}_device"] = stage_record(root, stage, batch).get("device")
     return hw
 
 
@@ -353,7 +351,7 @@ def reproducibility_manifest(
     """Everything needed to reproduce the released adapter from a clean checkout."""
     root = Path(root)
     used = stage_params(vcs.read_dvc_lock(root, MISSING_LOCK), binding.batch)
-    base = io.read_json(root / "metrics" / "base.json")
+    base = _base_record(root)
     return {
         "batch": binding.batch,
         "decision": binding.decision,
@@ -382,16 +380,37 @@ def validate_manifest(m: dict[str, Any]) -> list[str]:
     problems += [f"package {name} is not installed" for name, v in m.get("packages", {}).items() if v is None]
     problems += [f"artifact hash {k} is missing" for k, v in m.get("artifacts", {}).items() if not v]
     if not m.get("hardware", {}).get("train_device"):
-        problems.append("hardware.train_device unknown (metrics/train/<batch>.json has no device)")
+        problems.append("hardware.train_device unknown (records/train/<batch>.json has no device)")
     return problems
 
 
 # ---------------------------------------------------------------- cost
 
 
+def _merged(metrics_path: Path) -> dict[str, Any]:
+    """A metrics file merged with its record file (:func:`clap.io.record_path`); {} for what is missing."""
+    out: dict[str, Any] = {}
+    for part in (metrics_path, io.record_path(metrics_path)):
+        if part.exists():
+            out.update(io.read_json(part))
+    return out
+
+
+def stage_record(root: Path, stage: str, batch: str) -> dict[str, Any]:
+    """A stage's flat record: ``metrics/<stage>/<batch>.json`` with ``records/<stage>/<batch>.json``
+    (the device, hashes, versions live in the record file)."""
+    return _merged(Path(root) / "metrics" / stage / f"{batch}.json")
+
+
+def _base_record(root: Path) -> dict[str, Any]:
+    """metrics/base.json (loud when missing) with records/base.json (the weights sha256, the source)."""
+    path = Path(root) / "metrics" / "base.json"
+    return {**io.read_json(path), **_merged(path)}
+
+
 def _stage_cost(root: Path, stage: str, batch: str, p: CostParams) -> dict[str, Any]:
     path = Path(root) / "metrics" / stage / f"{batch}.json"
-    record = io.read_json(path) if path.exists() else {}
+    record = stage_record(root, stage, batch)
     wall = record.get(p.wall_time_key)
     valid = (
         isinstance(wall, (int, float)) and not isinstance(wall, bool) and math.isfinite(wall) and wall >= 0

@@ -8,7 +8,7 @@ needs (the base model, the production incumbent). ``dvc status`` must then be cl
 committed outputs are set aside, the batch's stages re-run with ``dvc repro --force
 --no-run-cache --single-item``, and every output file is compared with its committed copy:
 
-- JSON (metrics, evidence, manifests): leaf by leaf; each key is a decision, a hash, a value,
+- JSON (metrics, records, evidence, manifests): leaf by leaf; each key is a decision, a hash, a value,
   a timing (expected to differ), provenance (where it ran) or environment (package versions);
 - parquet: file sha256, then the logical hash (rows equal, bytes not: a pyarrow/pandas change);
 - adapter weights: sha256; a CUDA record (``determinism: tolerance``) is compared within its tolerance;
@@ -342,9 +342,13 @@ def compare_file(
 
 
 def adapter_tolerance(committed_root: Path, batch: str) -> float | None:
-    """The committed training record's weight tolerance when it says re-runs are not byte-identical."""
-    record_path = committed_root / "metrics" / "train" / f"{batch}.json"
-    record = io.read_json(record_path) if record_path.exists() else {}
+    """The committed training record's weight tolerance when it says re-runs are not byte-identical
+    (``determinism`` is in records/train/<b>.json, the tolerance in metrics/train/<b>.json)."""
+    metrics_path = committed_root / "metrics" / "train" / f"{batch}.json"
+    record: dict[str, Any] = {}
+    for path in (metrics_path, io.record_path(metrics_path)):
+        if path.exists():
+            record.update(io.read_json(path))
     return float(record.get("adapter_abs_tol", 0.0)) if record.get("determinism") == "tolerance" else None
 
 

@@ -17,6 +17,8 @@ import yaml
 from conftest import E2E_BATCH as BATCH
 from conftest import run_dvc
 
+from clap import io
+
 pytestmark = pytest.mark.slow
 
 
@@ -38,6 +40,26 @@ def test_dvc_repro_runs_every_stage_then_is_a_noop(tiny_repo, tiny_run):
         and "GRPO probe: static admission vs runtime" in (tiny_repo / "reports/summary.md").read_text()
     )
 
+    # metrics are what a reviewer compares: no hash or version string anywhere in `dvc metrics show`
+    shown = run_dvc(tiny_repo, "metrics", "show", "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    values = list(_leaves(json.loads(shown.stdout)))
+    assert values and not [v for v in values if isinstance(v, str) and io.is_record_value(v)]
+    assert not [v for v in values if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}|\d+\.\d+.*", v)]
+    # provenance is in the record files (dvc outs, cache: false), with the hashes
+    sha = re.compile(r"[0-9a-f]{64}")
+    train = io.read_json(tiny_repo / f"records/train/{BATCH}.json")
+    assert sha.fullmatch(train["adapter_sha256"]) and sha.fullmatch(train["base_sha256"])
+    assert train["torch_version"] and train["device"] and "seed" in train
+    replay = io.read_json(tiny_repo / f"records/replay/{BATCH}.json")
+    assert sha.fullmatch(replay["cases_sha256"]) and replay["adapter_sha256"] == train["adapter_sha256"]
+    assert sha.fullmatch(io.read_json(tiny_repo / f"records/eval/{BATCH}.json")["sha256_items"])
+    assert sha.fullmatch(io.read_json(tiny_repo / "records/base.json")["weights_sha256"])
+    for stage in ("assetize", "normalize", "admit", "grpo", "gate"):
+        assert (tiny_repo / f"records/{stage}/{BATCH}.json").is_file()
+    evidence = io.read_json(tiny_repo / f"reports/gate/{BATCH}/evidence.json")
+    assert evidence["replay"]["cases_sha256"] == replay["cases_sha256"]  # the evidence keeps the hashes
+
     start = time.perf_counter()
     again = run_dvc(tiny_repo, "repro")
     assert again.returncode == 0
@@ -46,6 +68,17 @@ def test_dvc_repro_runs_every_stage_then_is_a_noop(tiny_repo, tiny_run):
     status = run_dvc(tiny_repo, "status")
     assert "up to date" in status.stdout, status.stdout
     print(f"no-op dvc repro: {time.perf_counter() - start:.2f} s")
+
+
+def _leaves(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from _leaves(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _leaves(v)
+    else:
+        yield node
 
 
 def _ran(run) -> list[str]:

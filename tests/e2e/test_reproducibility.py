@@ -79,7 +79,10 @@ def test_verify_reproduces_decisions_and_hashes(tiny_repo, committed, monkeypatc
         assert rows[path].kind == "hash" and rows[path].status == "match"  # byte-identical on CPU
     assert rows[f"metrics/eval/{BATCH}.json:wall_s"].status == "expected"  # timings differ, and do not fail
     assert rows[f"reports/gate/{BATCH}/evidence.json:git_commit"].kind == "provenance"
-    assert rows[f"metrics/train/{BATCH}.json:determinism"].committed == "bytes"
+    assert rows[f"records/train/{BATCH}.json:determinism"].committed == "bytes"  # provenance: a record file
+    for key in (f"records/train/{BATCH}.json:adapter_sha256", f"records/replay/{BATCH}.json:cases_sha256"):
+        assert rows[key].kind == "hash" and rows[key].status == "match"  # record files are compared too
+    assert rows[f"records/eval/{BATCH}.json:torch_version"].kind == "environment"
 
 
 def _tampered_commit(repo: Path, rel: str, text: str) -> str:
@@ -198,5 +201,5 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
     assert (
         by_key[f"models/adapters/{BATCH}/adapter_model.safetensors"].status == "match"
     )  # resumed training: same bytes
-    assert io.read_json(tiny_repo / f"metrics/train/{BATCH}.json")["resumed_from"] == "checkpoint-3"
+    assert io.read_json(tiny_repo / f"records/train/{BATCH}.json")["resumed_from"] == "checkpoint-3"
     assert _temporaries(tiny_repo) == []  # the re-run swept what the kills left

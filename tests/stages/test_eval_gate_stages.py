@@ -64,8 +64,10 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         and "candidate_p95_latency_ms" in flat_eval
     )
 
-    io.write_json(
+    # the upstream records as those stages write them: metrics plus <name>.record.json beside them
+    io.write_metrics_and_record(
         tmp_path / "train.json",
+        None,
         {
             "trained": 1,
             "health": "ok",
@@ -74,7 +76,7 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
             "prompt_tokens": 60,
         },
     )
-    io.write_json(tmp_path / "admit.json", {"admitted": 1})
+    io.write_metrics_and_record(tmp_path / "admit.json", None, {"admitted": 1})
     chain = {
         "n_cases": 3,
         "A_run": 1,
@@ -87,7 +89,8 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
             for k in ("core_accuracy", "answer_evidence_rate", "value_accuracy")
         },
     }
-    io.write_json(tmp_path / "replay.json", chain)
+    io.write_metrics_and_record(tmp_path / "replay.json", None, chain)
+    assert io.read_json(tmp_path / "replay.record.json") == {"cases_sha256": "c" * 64}
     gate = stage(
         "gate",
         eval_dir,
@@ -111,7 +114,17 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert evidence["eval_items_sha256"] == io.sha256_file(eval_dir / "items.parquet")
     assert evidence["datasets_sha256"]["eval.parquet"] == io.sha256_file(admitted / "eval.parquet")
     assert set(evidence["params"]) >= {"gate", "scoring", "eval"} and evidence["git_commit"]
-    assert evidence["replay"] == chain
+    assert evidence["replay"] == chain  # the replay's metrics and record: the hashes stay in the evidence
+    gate_record = io.read_json(tmp_path / "records" / "gate" / f"{batch}.json")
+    assert {"torch_version", "train_seed", "train_determinism"} <= set(gate_record)
+    for kind in ("eval", "gate"):  # what a reviewer compares: no hash or version strings
+        flat = io.read_json(metrics / kind / f"{batch}.json")
+        assert not [
+            k for k, v in flat.items() if io.is_record_value(v) or "sha256" in k or k.endswith("_version")
+        ]
+    assert io.read_json(tmp_path / "records" / "eval" / f"{batch}.json")["sha256_items"] == io.sha256_file(
+        eval_dir / "items.parquet"
+    )
     assert "**REJECT**" in (report / "report.md").read_text()
 
     broken = stage(

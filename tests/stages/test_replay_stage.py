@@ -51,8 +51,13 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     assert not {"decision", "final_decision", "check_core_fields"} & set(
         m
     )  # replay measures; the gate decides
-    assert m["adapter_sha256"] == io.sha256_file(adapter / "adapter_model.safetensors") and m["n_cases"] == 3
-    assert m["cases_sha256"] == io.sha256_file(data / "cases.parquet")
+    record = io.read_json(io.record_path(metrics))  # provenance: records/replay/<b>.json, not a metric
+    assert not {"adapter_sha256", "cases_sha256", "base_sha256", "device"} & set(m)
+    assert (
+        record["adapter_sha256"] == io.sha256_file(adapter / "adapter_model.safetensors")
+        and m["n_cases"] == 3
+    )
+    assert record["cases_sha256"] == io.sha256_file(data / "cases.parquet")
     assert {
         "A_value_accuracy",
         "B_core_accuracy",

@@ -75,9 +75,16 @@ def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rec = io.read_json(tmp_path / "metrics/train/b.json")
+    rec = io.read_flat(tmp_path / "metrics/train/b.json")
     assert rec["trained"] == 1 and rec["health"] == "ok" and rec["steps"] == 4
-    assert rec["adapter_sha256"] == io.sha256_file(tmp_path / "models/adapters/b/adapter_model.safetensors")
+    record = io.read_json(tmp_path / "records/train/b.json")  # provenance is not a metric
+    assert record["adapter_sha256"] == io.sha256_file(
+        tmp_path / "models/adapters/b/adapter_model.safetensors"
+    )
+    assert {"seed", "torch_version", "device", "base_sha256"} <= set(record)
+    assert not {"seed", "torch_version", "device", "base_sha256"} & set(
+        io.read_json(tmp_path / "metrics/train/b.json")
+    )
     with open(tmp_path / "plots/train/b.csv", newline="") as f:
         rows = list(csv.reader(f))
     assert rows[0] == CURVE_HEADER and len(rows) == 5
@@ -114,7 +121,7 @@ def test_torchrun_two_processes_stop_together(tiny_base, tmp_path):
     ]
     done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    rec = io.read_json(tmp_path / "metrics/train/b.json")
+    rec = io.read_flat(tmp_path / "metrics/train/b.json")
     assert rec["world_size"] == 2 and rec["health"] == "nan" and rec["steps"] == rec["stop_step"] == 3
     assert rec["detector_checks"] == 2  # steps 1 and 2 were checked on both ranks
     assert (tmp_path / "models/adapters/b/adapter_model.safetensors").exists()

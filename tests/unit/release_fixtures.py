@@ -167,8 +167,9 @@ def build_template(base: Path) -> Path:
     for b in BATCHES:
         io.atomic_write_text(repo / "src" / f"{b}.seed", f"seed {b}\n")
         io.atomic_write_text(repo / "src" / f"{b}.decision", "promote\n")
-    io.write_json(
+    io.write_metrics_and_record(
         repo / "metrics" / "base.json",
+        None,
         {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "ab" * 32},
     )
     io.write_json(repo / "releases" / "production.json", {"batch": None})

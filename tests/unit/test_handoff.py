@@ -51,16 +51,20 @@ LOCK = {
 
 @pytest.fixture
 def root(tmp_path):
-    io.write_json(
+    io.write_metrics_and_record(
         tmp_path / "metrics" / "base.json",
+        None,
         {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "e" * 64},
     )
-    io.write_json(
+    io.write_metrics_and_record(
         tmp_path / "metrics" / "eval" / f"{B}.json",
+        None,
         {"candidate_pass_rate": 0.7, "base_pass_rate": 0.1, "incumbent_batch": "", "wall_s": 900.0},
     )
-    io.write_json(
-        tmp_path / "metrics" / "train" / f"{B}.json", {"wall_s": 1800.0, "device": "cpu", "health": "ok"}
+    io.write_metrics_and_record(
+        tmp_path / "metrics" / "train" / f"{B}.json",
+        None,
+        {"wall_s": 1800.0, "device": "cpu", "health": "ok"},
     )
     frame = pd.DataFrame({"item_id": ["i1", "i2"], "value": [1.0, 2.5]})
     io.write_parquet(tmp_path / "data" / "admitted" / B / "sft.parquet", frame)
@@ -123,7 +127,7 @@ def test_card_without_front_matter_fails():
 
 
 def test_empty_eval_record_leaves_the_model_index_without_metrics(root):
-    io.write_json(root / "metrics" / "eval" / f"{B}.json", {"incumbent_batch": ""})
+    io.write_metrics_and_record(root / "metrics" / "eval" / f"{B}.json", None, {"incumbent_batch": ""})
     card = model_card(root, BINDING, {"sft": "1", "eval": "2"}, CARD_P)
     assert any("metrics must be a non-empty list" in p for p in validate_card(card))
 
@@ -159,14 +163,17 @@ def test_cost_is_within_budget(root):
 
 
 def test_missing_wall_time_is_reported_missing_not_zero(root):
-    io.write_json(root / "metrics" / "eval" / f"{B}.json", {"candidate_pass_rate": 0.7})
+    io.write_metrics_and_record(root / "metrics" / "eval" / f"{B}.json", None, {"candidate_pass_rate": 0.7})
     c = cost_report(root, B, COST_P)
     assert c["stages"]["eval"]["wall_s"] is None and c["stages"]["eval"]["hours"] is None
     assert c["missing_wall_time"] == ["eval"] and c["status"] == "incomplete" and c["cpu_hours"] == 0.5
 
 
 def test_gpu_stages_count_against_the_gpu_budget(root):
-    io.write_json(root / "metrics" / "train" / f"{B}.json", {"wall_s": 3600.0, "device": "cuda"})
+    io.write_metrics_and_record(
+        root / "metrics" / "train" / f"{B}.json", None, {"wall_s": 3600.0, "device": "cuda"}
+    )
+    assert "device" not in io.read_json(root / "metrics" / "train" / f"{B}.json")  # in records/train
     c = cost_report(root, B, COST_P)
     assert c["stages"]["train"]["kind"] == "gpu" and c["gpu_hours"] == 1.0 and c["status"] == "over"
 

@@ -156,8 +156,8 @@ def test_adapter_replaced_after_the_gate_cannot_be_approved(repo):
 
 def test_invalid_handoff_is_refused(repo):
     token = approve(repo, X)
-    io.write_json(
-        repo / "metrics" / "base.json", {"weights_sha256": "ab"}
+    io.write_metrics_and_record(
+        repo / "metrics" / "base.json", None, {"weights_sha256": "ab"}
     )  # no source: the card has no base_model
     assert "base_model" in refused(
         repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff"

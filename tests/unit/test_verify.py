@@ -110,7 +110,10 @@ def test_adapter_weights_compare_by_bytes_or_by_recorded_tolerance(tmp_path):
     assert vf.compare_weights("w", a, b, None).status == vf.FAILING  # CPU: bytes must match
     assert vf.compare_weights("w", a, b, 1e-4).status == "tolerance"
     assert vf.compare_weights("w", a, b, 1e-8).status == vf.FAILING
-    io.write_json(tmp_path / "metrics/train/b1.json", {"determinism": "tolerance", "adapter_abs_tol": 1e-4})
+    io.write_metrics_and_record(  # determinism goes to records/train/b1.json, the tolerance stays a metric
+        tmp_path / "metrics/train/b1.json", None, {"determinism": "tolerance", "adapter_abs_tol": 1e-4}
+    )
+    assert io.read_json(tmp_path / "records/train/b1.json") == {"determinism": "tolerance"}
     assert vf.adapter_tolerance(tmp_path, "b1") == 1e-4 and vf.adapter_tolerance(tmp_path, "other") is None
 
 
