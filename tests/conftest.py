@@ -8,6 +8,9 @@ it reading the tokenizer out of the GGUF). Use it wherever a test needs a model 
         model = clap.model.base.load_model(tiny_base)
 
 Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
+
+``one_thread``: torch limited to one thread for a module (``pytestmark =
+pytest.mark.usefixtures("one_thread")``), for modules that run the tiny model.
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ def tiny_base(tmp_path_factory) -> Path:
     from clap.model.base import make_tiny_base
 
     return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: on a shared 2-core machine two OpenMP threads on a
+    tiny model mostly wait on each other (measured ~15x slower). Opt in per module with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # --- tiny admitted batches ---------------------------------------------------------------

@@ -15,7 +15,7 @@ from clap.train.diagnosis import curves_csv
 from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ADMIT = {
     "admitted": 1,
     "rank_pass_rate": 1.0,
