@@ -1,6 +1,6 @@
 """Wall time of a full release + rollback cycle through the `clap` CLI, in a throw-away repo.
 
-Builds the miniature git + DVC pipeline of tests/unit/release_fixtures.py (not timed), then
+Builds the miniature git + DVC pipeline of tests/unit/release/release_fixtures.py (not timed), then
 times each user-facing command as its own process, as a person would run it:
 approve A, release A, (dvc repro, not timed), approve B, release B, rollback (restoring
 A's adapter with `dvc checkout` after deleting it from the workspace).
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "release"))
 from release_fixtures import BATCHES, build_template, repro  # noqa: E402
 
 

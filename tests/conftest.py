@@ -8,6 +8,9 @@ it reading the tokenizer out of the GGUF). Use it wherever a test needs a model 
         model = clap.model.base.load_model(tiny_base)
 
 Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
+
+``one_thread``: torch limited to one thread for a module (``pytestmark =
+pytest.mark.usefixtures("one_thread")``), for modules that run the tiny model.
 """
 
 from __future__ import annotations
@@ -30,6 +33,19 @@ def tiny_base(tmp_path_factory) -> Path:
     from clap.model.base import make_tiny_base
 
     return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: on a shared 2-core machine two OpenMP threads on a
+    tiny model mostly wait on each other (measured ~15x slower). Opt in per module with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # --- tiny admitted batches ---------------------------------------------------------------
@@ -153,6 +169,82 @@ def write_tiny_admitted(
         {"verdict": admitted, "reasons": [] if admitted else ["tiny batch refused"]},
     )
     return out_dir
+
+
+# --- stage scripts in-process (tests/stages) -----------------------------------------------
+STAGES = Path(__file__).resolve().parents[1] / "stages"
+
+
+def stage_arity(name: str) -> tuple[int, ...]:
+    """The argument counts stages/<name>.py passes to clap.stage.main in its ``__main__`` block."""
+    import ast
+
+    for node in ast.walk(ast.parse((STAGES / f"{name}.py").read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "main"
+            and ast.unparse(node.func.value) == "stage"
+        ):
+            return tuple(ast.literal_eval(node.args[2]))
+    raise AssertionError(f"stages/{name}.py does not call stage.main(argv, usage, arity, run, describe)")
+
+
+def stage_params_dir(root: Path, params: dict | None = None) -> Path:
+    """``root`` with a params.yaml (the repository's, or ``params``): where an in-process stage runs."""
+    import shutil
+
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    if params is None:
+        shutil.copy(_ROOT / "params.yaml", root / "params.yaml")
+    else:
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return root
+
+
+def run_stage(name: str, *args: Path | str, cwd: Path):
+    """stages/<name>.py run in this process as its ``__main__`` runs it (a CompletedProcess-alike).
+
+    The script is loaded with runpy (stage scripts are not a package; nothing imports ``stages``)
+    and its own ``run``/``describe``/``USAGE`` go through ``clap.stage.main`` with the script's
+    arity, in ``cwd`` (which must hold a params.yaml). stdout/stderr are captured; the process
+    state a stage may change (cwd, os.environ, torch threads and determinism, root log handlers)
+    is put back afterwards. That a script's ``__main__`` really wires these is proven by the
+    subprocess tests in tests/stages/test_assetize_stage.py and by tests/e2e (dvc repro).
+    """
+    import contextlib
+    import io as _io
+    import logging
+    import runpy
+    import subprocess
+
+    from clap import stage
+
+    argv = [str(a) for a in args]
+    out, err = _io.StringIO(), _io.StringIO()
+    env = dict(os.environ)
+    torch = sys.modules.get("torch")  # not imported just for this: assetize/normalize/admit never load it
+    if torch is not None:
+        threads = torch.get_num_threads()
+        deterministic = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+    handlers = list(logging.getLogger().handlers)
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            script = runpy.run_path(str(STAGES / f"{name}.py"), run_name="stage_under_test")
+            code = stage.main(argv, script["USAGE"], stage_arity(name), script["run"], script["describe"])
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        if torch is not None:
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        logging.getLogger().handlers[:] = handlers
+    return subprocess.CompletedProcess([f"stages/{name}.py", *argv], code, out.getvalue(), err.getvalue())
 
 
 # --- tiny adapters (eval/gate tests) ------------------------------------------------------

@@ -1,4 +1,9 @@
-"""stages/assetize.py end to end on a small generated batch (two subprocess runs)."""
+"""stages/assetize.py on a small generated batch (in-process), and the script's own exit-code wiring.
+
+The success run goes through clap.stage.main in this process (``run_stage``; tests/e2e runs the
+script itself under dvc repro). The error and usage cases stay real subprocesses: they prove
+that ``python stages/<x>.py`` exits 2 with a one-line ``error: ...`` or the usage, no traceback.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from conftest import run_stage, stage_params_dir
 
 from clap.demo import generate as demo
 from schemas.assets import SCHEMAS
@@ -16,7 +22,7 @@ from schemas.assets import SCHEMAS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def stage(*args: Path) -> subprocess.CompletedProcess:
+def stage_subprocess(*args: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "stages/assetize.py", *map(str, args)],
         cwd=ROOT,
@@ -31,9 +37,10 @@ def test_stage_writes_valid_assets_and_conserving_metrics(tmp_path):
     raw = demo.write_batch(tmp_path / "raw", "2026-04", demo.generate_batch("2026-04", p))
     manifest = json.loads((raw / "MANIFEST.json").read_text())
     out, metrics_path = tmp_path / "assets" / "2026-04", tmp_path / "metrics" / "2026-04.json"
-    done = stage(raw, out, metrics_path)
+    done = run_stage("assetize", raw, out, metrics_path, cwd=stage_params_dir(tmp_path / "repo"))
     assert done.returncode == 0, done.stderr
     m = json.loads(metrics_path.read_text())
+    assert done.stdout.startswith(f"assetize {raw}: {m['rows_in']} rows -> ")  # describe()
     assert all(isinstance(v, (int, float, str, bool)) for v in m.values())  # flat for DVC
     assert m["conservation_ok"] is True and m["rows_in"] == sum(manifest["rows"].values())
     record = json.loads((tmp_path / "records" / "2026-04.json").read_text())  # provenance, not metrics
@@ -64,9 +71,15 @@ def test_stage_error_is_one_line_and_keeps_previous_outputs(tmp_path):
     out, metrics_path = tmp_path / "assets" / "2026-01", tmp_path / "metrics.json"
     out.mkdir(parents=True)
     (out / "records.parquet").write_bytes(b"previous run")
-    done = stage(raw, out, metrics_path)
+    done = stage_subprocess(raw, out, metrics_path)
     assert done.returncode == 2
     assert (
         done.stderr.startswith("error: ") and "unknown_file" in done.stderr and "Traceback" not in done.stderr
     )
     assert (out / "records.parquet").read_bytes() == b"previous run" and not metrics_path.exists()
+
+
+def test_wrong_argument_count_exits_2_with_the_usage():
+    done = stage_subprocess()
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: python stages/assetize.py") and "Traceback" not in done.stderr

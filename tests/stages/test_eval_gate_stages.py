@@ -1,42 +1,32 @@
-"""Smoke runs of stages/eval.py -> stages/gate.py -> stages/summary.py on a tiny batch (subprocess).
+"""Smoke runs of stages/eval.py -> stages/gate.py -> stages/summary.py on a tiny batch (in-process
+through clap.stage.main, in a folder with the repository's params.yaml).
 
 The replay record the gate reads is written as stages/replay.py writes it (its own smoke test runs it)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
-from conftest import make_tiny_adapter, write_tiny_admitted
+import pytest
+from conftest import make_tiny_adapter, run_stage, stage_params_dir, write_tiny_admitted
 
 from clap import io, params
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def stage(name: str, *args: Path | str) -> subprocess.CompletedProcess:
-    """Run one stage script from the repository root (where params.yaml lives).
-
-    One torch thread: on a shared 2-core machine, two OpenMP threads on a tiny model wait on
-    each other for most of each op (measured ~15x slower).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, f"stages/{name}.py", *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+pytestmark = pytest.mark.usefixtures("one_thread")  # a tiny model on a shared 2-core machine
 
 
 def test_eval_gate_summary_chain(tiny_base, tmp_path):
     batch = "2026-01"
+    repo = stage_params_dir(tmp_path / "repo")
+
+    def stage(name: str, *args: Path | str):
+        return run_stage(name, *args, cwd=repo)
+
     admitted = write_tiny_admitted(tmp_path / "data/admitted" / batch, n_sft=4, n_probe=6, seed=5)
     adapter = make_tiny_adapter(tiny_base, tmp_path / "models/adapters" / batch, seed=3)
     metrics, eval_dir, report = (

@@ -1,20 +1,17 @@
-"""Smoke run of stages/replay.py on a tiny batch with a tiny adapter (one subprocess)."""
+"""Smoke run of stages/replay.py on a tiny batch with a tiny adapter (in-process through clap.stage.main)."""
 
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-from conftest import make_tiny_adapter, write_tiny_admitted
+import pytest
+from conftest import make_tiny_adapter, run_stage, stage_params_dir, write_tiny_admitted
 
 from clap import io
 from schemas.normalized import validate_frame
 from schemas.replay import ReplayCases
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_thread")  # a tiny model on a shared 2-core machine
 
 
 def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
@@ -27,18 +24,10 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
         tmp_path / "metrics/replay" / f"{batch}.json",
         tmp_path / "plots/replay" / f"{batch}.csv",
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model on a shared 2-core machine: one thread
-    run = subprocess.run(
-        [
-            sys.executable,
-            "stages/replay.py",
-            *map(str, (admitted, tiny_base, adapter, data, report, metrics, plot)),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = run_stage(
+        "replay",
+        *(admitted, tiny_base, adapter, data, report, metrics, plot),
+        cwd=stage_params_dir(tmp_path / "repo"),
     )
     assert run.returncode == 0, run.stderr
     assert "3 cases" in run.stdout

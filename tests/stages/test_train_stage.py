@@ -1,4 +1,5 @@
-"""The train stage end to end on the tiny model: one plain run and one 2-process torchrun."""
+"""The train stage on the tiny model: one plain run (in-process through clap.stage.main) and one
+2-process torchrun (a real subprocess: the ranks must stop together)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import write_tiny_admitted
+from conftest import run_stage, write_tiny_admitted
 
 from clap import io
 
@@ -66,14 +67,7 @@ def _env() -> dict:
 def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
     _params(tmp_path)
     data = write_tiny_admitted(tmp_path / "data", n_sft=12, n_probe=6, seed=0, n_combos=4)
-    done = subprocess.run(
-        [sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, data)],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_stage("train", *_argv(tmp_path, tiny_base, data), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rec = io.read_flat(tmp_path / "metrics/train/b.json")
     assert rec["trained"] == 1 and rec["health"] == "ok" and rec["steps"] == 4
@@ -93,14 +87,7 @@ def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
 
 def test_stage_reports_bad_input_without_traceback(tiny_base, tmp_path):
     _params(tmp_path)
-    done = subprocess.run(
-        [sys.executable, str(STAGE), *_argv(tmp_path, tiny_base, tmp_path / "missing")],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_stage("train", *_argv(tmp_path, tiny_base, tmp_path / "missing"), cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("error:") and "Traceback" not in done.stderr
 
 

@@ -35,7 +35,7 @@ from clap.data.normalize import (
 )
 from clap.errors import ClapError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 P = params.section("normalize", NormalizeParams, ROOT / "params.yaml")
 V = build_vocab(P)
 

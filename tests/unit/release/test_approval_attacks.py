@@ -11,11 +11,12 @@ import time
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from release_fixtures import clean_git_env, copy_template, git, set_decision, snapshot, template_base
 
 from clap.errors import ClapError
 from clap.release import control as R
 from clap.release.approval import load_private_key, mint_token
+
+from .release_fixtures import clean_git_env, copy_template, git, set_decision, snapshot, template_base
 
 X, Y = "2026-01", "2026-02"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap.chain import chain as chain_mod
@@ -27,13 +26,7 @@ CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared 2-core machine two OpenMP threads on a tiny model mostly wait."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_fu
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 from clap.train.sft import TrainParams
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ADMIT = {
     "admitted": 1,
     "rank_pass_rate": 1.0,

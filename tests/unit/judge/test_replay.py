@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap.chain.chain import ChainParams
@@ -32,12 +31,7 @@ CP = ChainParams(
 RPARAMS = EvalParams(batch_size=4, max_new_tokens=5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from clap.demo import noise as demo_noise
 from clap.demo.render import build_rows
 from clap.demo.world import build_world, number_tokens, wrong_column_answers
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "data" / "raw"
 P = demo.load_params(ROOT / "params.yaml")
 CANON_UNITS = {"%", "pcs", "min", "s", "ppm"}

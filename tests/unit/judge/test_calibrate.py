@@ -25,7 +25,7 @@ from clap.errors import ClapError
 from clap.judge import calibrate as cal
 from clap.train.detector import DetectorParams, replay
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAULTS = [
     "loss_on_prompt",
     "lr_zero",

@@ -15,7 +15,7 @@ from clap.data import assetize as A
 from clap.demo.render import csv_field
 from clap.params import section
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "data" / "raw"
 BATCHES = sorted(p.name for p in RAW.iterdir() if p.is_dir()) if RAW.is_dir() else []
 P = section("assetize", A.AssetizeParams, ROOT / "params.yaml")

@@ -9,7 +9,12 @@ import subprocess
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
-from release_fixtures import (
+
+from clap import io
+from clap.errors import ClapError
+from clap.release import control as R
+
+from .release_fixtures import (
     BATCHES,
     ROOT,
     approve,
@@ -21,10 +26,6 @@ from release_fixtures import (
     snapshot,
     template_base,
 )
-
-from clap import io
-from clap.errors import ClapError
-from clap.release import control as R
 
 X, Y = BATCHES
 

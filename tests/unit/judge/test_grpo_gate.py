@@ -1,4 +1,6 @@
-"""clap.train.grpo_policy: params, static verdict, the GRPO-candidate decision in the gate, the summary table."""
+"""clap.judge.grpo_gate: the GRPO-candidate decision in the gate, its evidence and report, the summary table.
+
+(The probe's params and static verdict, clap.train.grpo_policy: tests/unit/train/test_grpo_policy.py.)"""
 
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ from clap.judge.grpo_gate import (
     static_runtime_row,
     summary_fields,
 )
-from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
+from clap.train.grpo_policy import GrpoParams, static_verdict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ADMIT = {
     "admitted": 1,
     "rank_pass_rate": 1.0,
@@ -53,33 +55,6 @@ def held_record(**extra) -> dict:
         **static_verdict(ADMIT, "admit.json"),
         **extra,
     }
-
-
-def test_params_section_loads_and_rejects_bad_switches():
-    p = grpo_params()
-    assert p.beta > 0 and p.thresholds.max_kl > 0
-    assert probe_enabled(grpo_params(enabled=True), "x") and not probe_enabled(
-        grpo_params(enabled=False), "x"
-    )
-    assert probe_enabled(grpo_params(enabled=["2026-01"]), "2026-01") and not probe_enabled(
-        grpo_params(enabled=["2026-01"]), "2026-03"
-    )
-    for bad in ({"beta": 0.0}, {"enabled": "2026-01"}, {"start_from": "sft2"}, {"num_generations": 1}):
-        with pytest.raises(ClapError):
-            grpo_params(**bad)
-
-
-def test_static_verdict_reads_admission_metrics():
-    assert static_verdict(ADMIT, "a.json") == {
-        "admitted": 1,
-        "static_verdict": "pass",
-        "static_rank_pass_rate": 1.0,
-        "static_reward_margin": 0.225,
-        "static_reward_variance_min": 0.04,
-    }
-    assert static_verdict({**ADMIT, "reward_margin_passed": 0}, "a.json")["static_verdict"] == "fail"
-    with pytest.raises(ClapError, match="rank_pass_rate"):
-        static_verdict({"admitted": 1}, "a.json")
 
 
 def test_candidate_decision_never_promotes_without_a_paired_test():

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap import cli, io, params
@@ -21,7 +20,7 @@ from clap.chain.serve import ServeParams, create_app, load_service, resolve_rele
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CP = ChainParams(
     top_k=2,
     max_new_tokens=6,
@@ -30,12 +29,7 @@ CP = ChainParams(
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _release(root: Path, batch: str | None) -> None:

@@ -24,7 +24,7 @@ from clap import io
 from clap.release.control import keygen
 
 BATCHES = ("2026-01", "2026-02")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 STAGE_SCRIPT = r"""
 import hashlib, json, shutil, sys

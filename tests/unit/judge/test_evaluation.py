@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from conftest import make_tiny_adapter, write_tiny_admitted
 
 from clap import io
@@ -32,13 +31,7 @@ from schemas.eval import EvalItems, EvalTimings
 SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: two OpenMP threads on a tiny model on a shared 2-core machine mostly wait."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

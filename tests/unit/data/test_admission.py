@@ -17,7 +17,7 @@ from clap.errors import ClapError
 from clap.task.prompt import format_answer, gold_answer
 from clap.task.scoring import ScoringParams, parse_answer, reward
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VOCAB = build_vocab(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
 SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
 PERTURBATIONS = [
