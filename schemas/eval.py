@@ -6,7 +6,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.judge.evaluation import ROLES
+from clap.judge.scored import ROLES
 from clap.task.prompt import ANSWER_FIELDS
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from clap import determinism, io, params, stage
 from clap.judge import grpo_gate as grpo
-from clap.judge.evaluation import read_scored
 from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
+from clap.judge.scored import read_scored
 from clap.train.grpo_policy import GrpoParams
 
 USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"

@@ -133,3 +133,15 @@ def test_product_code_never_imports_the_demo_generator():
         str(p.relative_to(ROOT)) for p in product if any(f.is_relative_to(demo) for f in direct_imports(p))
     ]
     assert offenders == []
+
+
+def test_deciding_runs_no_model_code():
+    """gate and summary decide on what eval and replay wrote: they import no model, chain or data code."""
+    heavy = [ROOT / "clap" / pkg for pkg in ("model", "chain", "data")]
+    offenders = [
+        f"{name}: {f.relative_to(ROOT)}"
+        for name in ("gate", "summary")
+        for f in closure(ROOT / "stages" / f"{name}.py")
+        if any(f.is_relative_to(h) for h in heavy)
+    ]
+    assert offenders == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,12 @@ import pandas as pd
 from clap import io, params
 from clap.chain.chain import ChainParams
 from clap.errors import ClapError
+from clap.judge.scored import ROLES, SCORED_COLUMNS, TIMING_COLUMNS
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation, generate_batched
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import ANSWER_FIELDS, CORE_FIELDS, build_messages
 from clap.task.scoring import SLICES, ScoringParams, context_text, parse_answer, score_item
-
-ROLES = ("base", "candidate", "incumbent")
-SCORED_COLUMNS = (
-    ["model", "position", "item_id", *SLICES, "gold_value", "output", "parse_ok", "parse_error"]
-    + [f"pred_{k}" for k in ANSWER_FIELDS]
-    + [f"{k}_correct" for k in ANSWER_FIELDS]
-    + ["pass", "overall", "hallucination", "wrong_fact", "new_tokens", "prompt_tokens"]
-)
-TIMING_COLUMNS = ["model", "item_id", "latency_ms", "batch_wall_ms", "batch_size", "batch_index"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,31 +270,3 @@ def flat_metrics(scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[Mo
         rows, times = scored[scored["model"] == role], timings[timings["model"] == role]
         out.update({f"{role}_{k}": round(v, 6) for k, v in {**_rates(rows), **_speed(times)}.items()})
     return out
-
-
-def check_pairing(scored: pd.DataFrame) -> None:
-    """Every model answered the same items in the same order (the gate's pairing)."""
-    orders = {
-        role: list(g.sort_values("position")["item_id"]) for role, g in scored.groupby("model", sort=True)
-    }
-    first = next(iter(orders.values()), [])
-    bad = [role for role, ids in orders.items() if ids != first]
-    if bad:
-        raise ClapError(
-            f"models {bad} were not evaluated on the same items in the same order", rule="unpaired_eval"
-        )
-
-
-def read_scored(eval_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, Mapping[str, Any]]:
-    """Read an eval folder: scored items, timings and the manifest (loud on anything missing)."""
-    eval_dir = Path(eval_dir)
-    scored = io.read_parquet(eval_dir / "items.parquet")
-    timings = io.read_parquet(eval_dir / "timings.parquet")
-    meta = io.read_json(eval_dir / "manifest.json")
-    if not isinstance(meta, dict) or "models" not in meta:
-        raise ClapError(
-            "eval manifest lacks 'models'", file=eval_dir / "manifest.json", rule="corrupt_manifest"
-        )
-    if len(scored):
-        check_pairing(scored)
-    return scored, timings, meta

@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from clap.chain.chain import ChainAnswer, ChainParams, build_index, load_chain
-from clap.judge.evaluation import SCORED_COLUMNS, EvalParams, score_generations
+from clap.judge.evaluation import EvalParams, score_generations
+from clap.judge.scored import SCORED_COLUMNS
 from clap.task.prompt import CORE_FIELDS
 from clap.task.scoring import ScoringParams
 

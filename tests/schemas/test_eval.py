@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from clap.errors import ClapError
-from clap.judge.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.judge.scored import SCORED_COLUMNS, TIMING_COLUMNS
 from clap.task.prompt import ANSWER_FIELDS
 from schemas.eval import EvalItems, EvalTimings
 from schemas.normalized import validate_frame

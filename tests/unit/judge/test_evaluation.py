@@ -14,7 +14,6 @@ from clap.errors import ClapError
 from clap.judge.evaluation import (
     EvalParams,
     ModelSpec,
-    check_pairing,
     evaluate,
     flat_metrics,
     incumbent_spec,
@@ -22,6 +21,7 @@ from clap.judge.evaluation import (
     model_specs,
     score_generations,
 )
+from clap.judge.scored import check_pairing
 from clap.model.base import ADAPTER_FILE
 from clap.model.generate import Generation
 from clap.task.prompt import format_answer

@@ -10,7 +10,6 @@ import pytest
 
 from clap import params
 from clap.errors import ClapError
-from clap.judge.evaluation import SCORED_COLUMNS, TIMING_COLUMNS
 from clap.judge.gating import (
     DECISION_CODE,
     ChainPolicy,
@@ -24,6 +23,7 @@ from clap.judge.gating import (
     render_report,
     run_gate,
 )
+from clap.judge.scored import SCORED_COLUMNS, TIMING_COLUMNS
 
 HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
 P = GateParams(
