@@ -388,3 +388,23 @@ def _restore_streams_after_in_process_dvc():
     sys.stdout, sys.stderr = out, err
     for name in ("dvc", "dvc_objects", "dvc_data"):
         logging.getLogger(name).handlers.clear()
+
+
+# --- GRPO probe (train and judge tests) -----------------------------------------------------
+GRPO_ADMIT = {  # metrics/admit fields of a batch whose D_grpo passed static admission
+    "admitted": 1,
+    "rank_pass_rate": 1.0,
+    "reward_margin": 0.225,
+    "reward_variance_min": 0.04,
+    "rank_pass_rate_passed": 1,
+    "reward_margin_passed": 1,
+    "reward_variance_min_passed": 1,
+}
+
+
+def grpo_params(**overrides):
+    """The real ``grpo`` params section with ``overrides``."""
+    from clap import params
+    from clap.train.grpo_policy import GrpoParams
+
+    return params.build(GrpoParams, {**params.raw_section("grpo", _ROOT / "params.yaml"), **overrides})

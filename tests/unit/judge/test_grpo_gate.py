@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import GRPO_ADMIT as ADMIT
+from conftest import grpo_params
 
 from clap import io, params
 from clap.errors import ClapError
@@ -22,23 +24,9 @@ from clap.judge.grpo_gate import (
     static_runtime_row,
     summary_fields,
 )
-from clap.train.grpo_policy import GrpoParams, static_verdict
+from clap.train.grpo_policy import static_verdict
 
 ROOT = Path(__file__).resolve().parents[3]
-ADMIT = {
-    "admitted": 1,
-    "rank_pass_rate": 1.0,
-    "reward_margin": 0.225,
-    "reward_variance_min": 0.04,
-    "rank_pass_rate_passed": 1,
-    "reward_margin_passed": 1,
-    "reward_variance_min_passed": 1,
-}
-
-
-def grpo_params(**overrides) -> GrpoParams:
-    raw = params.raw_section("grpo", ROOT / "params.yaml")
-    return params.build(GrpoParams, {**raw, **overrides})
 
 
 def held_record(**extra) -> dict:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import GRPO_ADMIT as ADMIT
 from conftest import write_tiny_admitted
 
 from clap import io, params
@@ -18,15 +19,6 @@ from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 from clap.train.sft import TrainParams
 
 ROOT = Path(__file__).resolve().parents[3]
-ADMIT = {
-    "admitted": 1,
-    "rank_pass_rate": 1.0,
-    "reward_margin": 0.225,
-    "reward_variance_min": 0.04,
-    "rank_pass_rate_passed": 1,
-    "reward_margin_passed": 1,
-    "reward_variance_min_passed": 1,
-}
 SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
 TP = dataclasses.replace(params.section("train", TrainParams, ROOT / "params.yaml"), torch_threads=1)
 

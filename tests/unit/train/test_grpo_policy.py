@@ -4,29 +4,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import GRPO_ADMIT as ADMIT
+from conftest import grpo_params
 
-from clap import params
 from clap.errors import ClapError
-from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
-
-ROOT = Path(__file__).resolve().parents[3]
-ADMIT = {
-    "admitted": 1,
-    "rank_pass_rate": 1.0,
-    "reward_margin": 0.225,
-    "reward_variance_min": 0.04,
-    "rank_pass_rate_passed": 1,
-    "reward_margin_passed": 1,
-    "reward_variance_min_passed": 1,
-}
-
-
-def grpo_params(**overrides) -> GrpoParams:
-    raw = params.raw_section("grpo", ROOT / "params.yaml")
-    return params.build(GrpoParams, {**raw, **overrides})
+from clap.train.grpo_policy import probe_enabled, static_verdict
 
 
 def test_params_section_loads_and_rejects_bad_switches():
