@@ -2,7 +2,8 @@
 
 ``releases/production.json`` is the pointer to what serves (batch, artifact hashes,
 decision, approval id, source commit); ``history.jsonl`` is the append-only log of
-release, hold and rollback events; ``approvals_used.jsonl`` is the ledger of consumed
+release, hold and rollback events (a release event keeps its signed approval token, so every
+reader re-verifies the pointer: :func:`clap.release.registry.verify_pointer`); ``approvals_used.jsonl`` is the ledger of consumed
 approval ids; ``trusted_keys/<approver>.pub`` are the only keys a release trusts.
 
 A release happens only when every check passes: a trusted, committed key signed the

@@ -412,10 +412,10 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int
             )
         emit("production: nothing released (batch null)")
         return len(reg.history)
-    if not stack:
+    if not stack or not _releases_of(reg.history, pointer.get("approval_id")):
         raise ClapError(
-            f"no approval for this pointer: releases/production.json names batch {pointer['batch']!r}, "
-            "but history.jsonl has no release in effect",
+            f"no approval for this pointer: releases/production.json names batch {pointer['batch']!r} "
+            f"(approval id {pointer.get('approval_id')!r}), but no release in releases/history.jsonl carries that approval",
             file=root / POINTER,
             rule="no_approval",
         )
