@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import jwt
+
 from clap import io, params
 from clap.errors import ClapError
 from clap.release.approval import BINDING_CLAIMS, RELEASABLE, load_trusted_keys, verify_token
@@ -296,7 +298,7 @@ def verify_pointer(
             rule="pointer_mismatch",
         )
     claims = verify_release_event(events[0], reg)
-    stack = release_stack(reg.history)
+    stack = _replay(root, reg, None, verify_each=False)
     if not stack or stack[-1] != pointer:
         now = stack[-1].get("batch") if stack and isinstance(stack[-1], dict) else None
         raise ClapError(
@@ -329,18 +331,27 @@ def verify_pointer(
 # ---------------------------------------------------------------- clap registry-check
 
 
-def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int:
-    """Replay ``releases/history.jsonl``, verifying every release and rollback; return the entries checked.
+def _unverified_iat(token: Any) -> int:
+    """A token's issue time for ordering only (its signature is verified elsewhere, or not trusted)."""
+    try:
+        iat = jwt.decode(str(token), options={"verify_signature": False}).get("iat")
+    except jwt.PyJWTError:
+        return 0
+    return iat if isinstance(iat, int) else 0
 
-    Each verified entry is reported with one line through ``emit``; the first problem raises.
-    Finally the production pointer must be the release in effect (or null with none in effect).
 
-    Raises:
-        ClapError: the first entry (or the pointer) that does not verify, naming why.
+def _replay(
+    root: Path, reg: _Registry, emit: Callable[[str], None] | None, *, verify_each: bool
+) -> list[dict[str, Any]]:
+    """Replay history.jsonl; return the releases in effect (oldest first); raise at the first problem.
+
+    Every release must claim its approval alone, name the batch it replaced, and be approved no
+    earlier than the release before it (token ``iat``: history cannot be reordered to bring an
+    older release back without `clap rollback`); every rollback must return to the previous
+    release. With ``verify_each`` every release's token is verified (:func:`verify_release_event`).
     """
-    root = Path(root)
-    reg = _load(root)
     stack: list[dict[str, Any]] = []
+    last_iat = 0
     for n, event in enumerate(reg.history, start=1):
         kind = event.get("event")
         if kind == "release":
@@ -352,24 +363,38 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int
                     row=n,
                     rule="not_single_use",
                 )
-            try:
-                claims = verify_release_event(event, reg)
-            except ClapError as e:
-                raise ClapError(e.args[0], file=root / HISTORY, row=n, rule=e.rule) from e
+            claims: dict[str, Any] = {}
+            if verify_each:
+                try:
+                    claims = verify_release_event(event, reg)
+                except ClapError as e:
+                    raise ClapError(e.args[0], file=root / HISTORY, row=n, rule=e.rule) from e
+            iat = claims.get("iat", _unverified_iat(event.get("token")))
+            if iat < last_iat:
+                raise ClapError(
+                    f"release of {pointer.get('batch')} was approved before the release above it: "
+                    "history.jsonl is out of order",
+                    file=root / HISTORY,
+                    row=n,
+                    rule="inconsistent_releases",
+                )
+            last_iat = iat
             previous = stack[-1].get("batch") if stack else None
             if event.get("previous_batch") != previous:
                 raise ClapError(
-                    f"release of {pointer['batch']} says it replaced {event.get('previous_batch')!r}, "
+                    f"release of {pointer.get('batch')} says it replaced {event.get('previous_batch')!r}, "
                     f"but {previous!r} was in effect",
                     file=root / HISTORY,
                     row=n,
                     rule="inconsistent_releases",
                 )
             stack.append(pointer)
-            emit(
-                f"{n}: release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
-                f"{claims['iss']}: signature trusted, used once, hashes bound (adapter, config, eval, evidence, base)"
-            )
+            if emit is not None:
+                emit(
+                    f"{n}: release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
+                    f"{claims['iss']}: signature trusted, used once, hashes bound "
+                    "(adapter, config, eval, evidence, base)"
+                )
         elif kind == "rollback":
             if len(stack) < 2:
                 raise ClapError(
@@ -378,11 +403,11 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int
                     row=n,
                     rule="inconsistent_releases",
                 )
-            current, previous = stack[-1], stack[-2]
+            current, previous_release = stack[-1], stack[-2]
             expected = {
                 "from_batch": current.get("batch"),
-                "to_batch": previous.get("batch"),
-                "adapter_sha256": previous.get("adapter_sha256"),
+                "to_batch": previous_release.get("batch"),
+                "adapter_sha256": previous_release.get("adapter_sha256"),
             }
             bad = _diff(expected, event, "rollback event", list(expected))
             if bad:
@@ -393,14 +418,33 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int
                     rule="inconsistent_releases",
                 )
             stack.pop()
-            emit(
-                f"{n}: rollback {current.get('batch')} -> {previous.get('batch')}: restores the release of "
-                f"approval {previous.get('approval_id')} (verified above)"
-            )
+            if emit is not None:
+                emit(
+                    f"{n}: rollback {current.get('batch')} -> {previous_release.get('batch')}: restores the "
+                    f"release of approval {previous_release.get('approval_id')} (verified above)"
+                )
         elif kind == "hold":
-            emit(f"{n}: hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})")
+            if emit is not None:
+                emit(
+                    f"{n}: hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
+                )
         else:
             raise ClapError(f"unknown event {kind!r}", file=root / HISTORY, row=n, rule="corrupt_jsonl")
+    return stack
+
+
+def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int:
+    """Replay ``releases/history.jsonl``, verifying every release and rollback; return the entries checked.
+
+    Each verified entry is reported with one line through ``emit``; the first problem raises.
+    Finally the production pointer must be the release in effect (or null with none in effect).
+
+    Raises:
+        ClapError: the first entry (or the pointer) that does not verify, naming why.
+    """
+    root = Path(root)
+    reg = _load(root)
+    stack = _replay(root, reg, emit, verify_each=True)
     pointer = read_pointer_file(root)
     if pointer["batch"] is None:
         if stack:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -22,6 +23,7 @@ from .release_fixtures import (
     copy_template,
     hand_edited_pointer,
     release_both,
+    repro,
     template_base,
 )
 from .release_fixtures import approve as approve_batch
@@ -134,6 +136,20 @@ def test_earlier_release_restored_by_hand_is_refused(repo):
     for read in _readers(repo).values():
         with pytest.raises(ClapError, match="not the (one|release) in effect"):
             read()
+
+
+def test_reordered_history_is_refused(repo):
+    """Swapping the two releases (previous_batch edited to match) would bring X back without a rollback."""
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo))
+    repro(repo)
+    time.sleep(1.1)  # token iat has one-second resolution: the second approval is strictly later
+    R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo))
+    history = repo / "releases" / "history.jsonl"
+    first, second = (json.loads(line) for line in history.read_text().splitlines())
+    first["previous_batch"], second["previous_batch"] = Y, None
+    history.write_text("".join(json.dumps(e) + "\n" for e in (second, first)))
+    io.write_json(repo / "releases" / "production.json", first["pointer"])
+    assert_refused_by_all(repo, "out of order")
 
 
 def test_revoked_key_is_refused(repo):
