@@ -117,6 +117,17 @@ def _rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registry_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", type=Path, default=None, help="repository root (default: the current folder)")
+
+
+def _registry_check(args: argparse.Namespace) -> int:
+    from clap.release.registry import check_registry
+
+    check_registry(args.root if args.root is not None else Path.cwd(), emit=print)
+    return 0
+
+
 def _handoff_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch")
     p.add_argument("--out", type=Path, help="output folder (default: releases/handoff/<batch>)")
@@ -226,6 +237,11 @@ SUBCOMMANDS: dict[
     "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
     "release": ("verify an approval and put the batch in production", _release_args, _release),
     "rollback": ("return production to the previous release", lambda p: None, _rollback),
+    "registry-check": (
+        "replay releases/history.jsonl: every release and rollback signed by a trusted key, used once, hashes bound",
+        _registry_check_args,
+        _registry_check,
+    ),
     "handoff": ("write and validate a batch's model card, manifest and cost report", _handoff_args, _handoff),
     "serve": (
         "serve the production adapter's application chain over HTTP (POST /answer, GET /health)",

@@ -33,7 +33,7 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
     dp = params.section("determinism", determinism.DeterminismParams)
     determinism.apply(dp)
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
-    incumbent = incumbent_spec(pointer, adapter.parent)
+    incumbent = incumbent_spec(pointer, adapter.parent, base)
     specs = model_specs(adapter, incumbent)
     scored, timings = evaluate(specs, base, items, kb, ep, sp)
     scored = validate_frame(EvalItems, scored, str(out_dir / "items.parquet"))

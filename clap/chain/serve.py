@@ -4,7 +4,10 @@ What serves is what ``releases/production.json`` names: batch ``b`` means the ad
 ``models/adapters/<b>`` on ``models/base`` with the knowledge base
 ``data/admitted/<b>/kb.parquet``, answered by the same :class:`clap.chain.chain.Chain` the replay
 stage measured. Before anything loads, the adapter's weights (and config, when the pointer
-records it) are hashed and compared with the pointer: a mismatch refuses to start.
+records it) are hashed and compared with the pointer: a mismatch refuses to start. Then the
+pointer itself must be backed by a signed, single-use approval bound to these hashes and to the
+base model's (:func:`clap.release.registry.verify_pointer`): a hand-edited pointer, however right
+its hashes, refuses to start.
 
 With nothing released (``{"batch": null}``), params ``serve.unreleased`` decides: ``refuse``
 (exit with a message) or ``base`` (serve the base model with the knowledge base of the
@@ -26,6 +29,7 @@ from clap import io, params
 from clap.chain.chain import Chain, ChainParams, build_index, load_chain
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.release.registry import verify_pointer
 
 POINTER = Path("releases/production.json")
 BASE_DIR = Path("models/base")
@@ -87,11 +91,12 @@ def _check_hash(path: Path, expected: Any, what: str) -> str:
 
 
 def resolve_release(root: Path, p: ServeParams) -> tuple[Served, Path | None]:
-    """What to serve and the adapter folder to load (None: the base), hash-verified.
+    """What to serve and the adapter folder to load (None: the base), hash- and approval-verified.
 
     Raises:
-        ClapError: the pointer is corrupt, the adapter does not match its sha256, or nothing
-            is released and ``serve.unreleased`` is ``refuse``.
+        ClapError: the pointer is corrupt, the adapter does not match its sha256, the pointer
+            is not backed by a trusted, single-use approval bound to the adapter and base being
+            loaded, or nothing is released and ``serve.unreleased`` is ``refuse``.
     """
     root = Path(root)
     pointer = io.read_json(root / POINTER) if (root / POINTER).exists() else {"batch": None}
@@ -112,15 +117,23 @@ def resolve_release(root: Path, p: ServeParams) -> tuple[Served, Path | None]:
     sha = _check_hash(adapter_dir / ADAPTER_FILE, pointer["adapter_sha256"], "adapter")
     if pointer.get("adapter_config_sha256"):
         _check_hash(adapter_dir / "adapter_config.json", pointer["adapter_config_sha256"], "adapter config")
+    try:
+        verified = verify_pointer(root, base_sha256=base)
+    except ClapError as e:
+        raise ClapError(f"refusing to serve: {e.args[0]}", file=e.file, rule=e.rule) from e
+    if verified is None or verified.adapter_sha256 != sha:  # the pointer changed while being read
+        raise ClapError(
+            "refusing to serve: releases/production.json changed during verification", rule="bad_pointer"
+        )
     served = Served(
         "adapter",
-        str(batch),
-        str(batch),
+        verified.batch,
+        verified.batch,
         sha,
         base,
-        pointer.get("decision"),
-        pointer.get("approval_id"),
-        f"production release of batch {batch}",
+        verified.decision,
+        verified.approval_id,
+        f"production release of batch {batch} (approval {verified.approval_id} by {verified.approver})",
     )
     return served, adapter_dir
 

@@ -25,6 +25,7 @@ from clap.errors import ClapError
 from clap.judge.scored import ROLES, SCORED_COLUMNS, TIMING_COLUMNS
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation, generate_batched
+from clap.release.registry import verify_pointer
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import ANSWER_FIELDS, CORE_FIELDS, build_messages
 from clap.task.scoring import SLICES, ScoringParams, context_text, parse_answer, score_item
@@ -77,14 +78,19 @@ def adapter_sha256(adapter_dir: Path | str) -> str:
     return io.sha256_file(Path(adapter_dir) / ADAPTER_FILE)
 
 
-def incumbent_spec(pointer_path: Path | str, adapters_root: Path | str) -> ModelSpec | None:
-    """The production adapter named by ``releases/production.json``, hash-verified; None if none.
+def incumbent_spec(
+    pointer_path: Path | str, adapters_root: Path | str, base_dir: Path | str | None = None
+) -> ModelSpec | None:
+    """The production adapter named by ``releases/production.json``, hash- and approval-verified; None if none.
 
-    A missing pointer file or a pointer without a batch means nothing is in production.
+    A missing pointer file or a pointer without a batch means nothing is in production. The
+    pointer must be backed by a signed, single-use approval bound to the adapter's hashes (and
+    to the base model in ``base_dir``, when given): :func:`clap.release.registry.verify_pointer`
+    on the repository that holds ``<root>/releases/production.json``.
 
     Raises:
         ClapError: the pointer is corrupt, names an adapter that is missing, or whose bytes
-            do not match ``adapter_sha256``.
+            do not match ``adapter_sha256``, or it is not backed by a valid approval.
     """
     pointer_path = Path(pointer_path)
     if not pointer_path.exists():
@@ -111,6 +117,14 @@ def incumbent_spec(pointer_path: Path | str, adapters_root: Path | str) -> Model
             column="adapter_sha256",
             rule="incumbent_hash_mismatch",
         )
+    root = pointer_path.resolve().parent.parent  # <root>/releases/production.json
+    base = base_sha256(base_dir) if base_dir is not None else None
+    try:
+        verify_pointer(root, adapters_dir=adapters_root, base_sha256=base)
+    except ClapError as e:
+        raise ClapError(
+            f"refusing to compare against the incumbent: {e.args[0]}", file=e.file, rule=e.rule
+        ) from e
     return ModelSpec("incumbent", str(adapter_dir), actual, str(pointer["batch"]))
 
 

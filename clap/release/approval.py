@@ -40,6 +40,9 @@ class Binding:
     adapter_config_sha256: str
     eval_sha256: str
     evidence_sha256: str
+    base_sha256: (
+        str  # the base model's weights (metrics/base.json's record): an adapter means nothing without it
+    )
 
 
 BINDING_CLAIMS = [f.name for f in dataclasses.fields(Binding)]
@@ -158,7 +161,14 @@ def mint_token(
     return jwt.encode(claims, key, algorithm=ALGORITHMS[0])
 
 
-def verify_token(token: str, trusted: dict[str, Ed25519PublicKey], *, audience: str, max_ttl_s: int) -> dict:
+def verify_token(
+    token: str,
+    trusted: dict[str, Ed25519PublicKey],
+    *,
+    audience: str,
+    max_ttl_s: int,
+    check_clock: bool = True,
+) -> dict:
     """Verify a token's signature and claims against the trusted keys; return its claims.
 
     Each trusted key is tried; the one whose signature verifies must belong to the token's
@@ -166,6 +176,11 @@ def verify_token(token: str, trusted: dict[str, Ed25519PublicKey], *, audience: 
     audience and the presence of every binding claim are checked, and a lifetime longer
     than ``max_ttl_s`` is refused. Single use and the hash binding are the caller's checks
     (:func:`check_binding`, the ledger).
+
+    ``check_clock=False`` is for re-verifying a token that was already used (a release
+    recorded in ``releases/``): the signature, issuer, audience and claims are checked as
+    always, but not against today's clock; the caller checks the recorded time of use
+    against ``nbf``/``exp`` instead.
 
     Raises:
         ClapError: naming why the token is refused.
@@ -183,7 +198,12 @@ def verify_token(token: str, trusted: dict[str, Ed25519PublicKey], *, audience: 
                 algorithms=ALGORITHMS,
                 audience=audience,
                 leeway=0,
-                options={"require": STANDARD_CLAIMS + BINDING_CLAIMS},
+                options={
+                    "require": STANDARD_CLAIMS + BINDING_CLAIMS,
+                    "verify_exp": check_clock,
+                    "verify_nbf": check_clock,
+                    "verify_iat": check_clock,
+                },
             )
         except jwt.InvalidSignatureError:
             continue  # not this key: try the next one

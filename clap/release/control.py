@@ -2,7 +2,8 @@
 
 ``releases/production.json`` is the pointer to what serves (batch, artifact hashes,
 decision, approval id, source commit); ``history.jsonl`` is the append-only log of
-release, hold and rollback events; ``approvals_used.jsonl`` is the ledger of consumed
+release, hold and rollback events (a release event keeps its signed approval token, so every
+reader re-verifies the pointer: :func:`clap.release.registry.verify_pointer`); ``approvals_used.jsonl`` is the ledger of consumed
 approval ids; ``trusted_keys/<approver>.pub`` are the only keys a release trusts.
 
 A release happens only when every check passes: a trusted, committed key signed the
@@ -53,12 +54,17 @@ from clap.release.handoff import (
     build_handoff,
     write_handoff,
 )
+from clap.release.registry import (
+    HISTORY,
+    LEDGER,
+    POINTER,
+    RELEASES,
+    TRUSTED,
+    read_history,
+    release_stack,
+)
+from clap.release.registry import read_jsonl as _read_jsonl
 
-RELEASES = Path("releases")
-POINTER = RELEASES / "production.json"
-HISTORY = RELEASES / "history.jsonl"
-LEDGER = RELEASES / "approvals_used.jsonl"
-TRUSTED = RELEASES / "trusted_keys"
 HANDOFF = RELEASES / "handoff"
 
 
@@ -92,6 +98,23 @@ def artifact_paths(batch: str) -> dict[str, Path]:
     }
 
 
+def base_weights_sha256(root: Path) -> str:
+    """The base model's weights sha256 as the base stage recorded it (metrics/base.json's record)."""
+    path = Path(root) / "metrics" / "base.json"
+    record = {**io.read_json(path)}
+    if io.record_path(path).exists():
+        record.update(io.read_json(io.record_path(path)))
+    sha = record.get("weights_sha256")
+    if not isinstance(sha, str) or not sha:
+        raise ClapError(
+            "the base stage's record has no weights_sha256: an approval binds the base model's hash",
+            file=io.record_path(path),
+            column="weights_sha256",
+            rule="missing_base",
+        )
+    return sha
+
+
 def gate_decision(root: Path, batch: str) -> dict[str, Any]:
     """The gate's flat decision record of ``batch`` (``decision`` must be a string)."""
     path = Path(root) / artifact_paths(batch)["gate"]
@@ -113,6 +136,7 @@ def current_binding(root: Path, batch: str) -> Binding:
         adapter_config_sha256=io.sha256_file(root / paths["adapter_config"]),
         eval_sha256=io.sha256_file(root / paths["eval"]),
         evidence_sha256=io.sha256_file(root / paths["evidence"]),
+        base_sha256=base_weights_sha256(root),
     )
 
 
@@ -124,23 +148,6 @@ def read_pointer(root: Path) -> dict[str, Any]:
             "production pointer has no 'batch' key", file=Path(root) / POINTER, rule="bad_pointer"
         )
     return pointer
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ClapError(f"not a JSON line: {e}", file=path, row=n, rule="corrupt_jsonl") from e
-    return rows
-
-
-def read_history(root: Path) -> list[dict[str, Any]]:
-    """All release/hold/rollback events, oldest first."""
-    return _read_jsonl(Path(root) / HISTORY)
 
 
 def used_approval_ids(root: Path) -> set[str]:
@@ -155,17 +162,6 @@ def _was_used(root: Path, jti: str) -> bool:
         return True
     subjects = vcs.git(root, "log", "--all", "--format=%s", "-F", f"--grep=(approval {jti})").splitlines()
     return any(s.startswith("release ") for s in subjects)
-
-
-def release_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Releases still in effect, oldest first: a release pushes its pointer, a rollback pops."""
-    stack: list[dict[str, Any]] = []
-    for event in history:
-        if event["event"] == "release":
-            stack.append(event["pointer"])
-        elif event["event"] == "rollback":
-            stack.pop()
-    return stack
 
 
 def _append_line(text: str, row: dict[str, Any]) -> str:
@@ -420,6 +416,7 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
             "event": "release",
             "pointer": new_pointer,
             "previous_batch": pointer.get("batch"),
+            "token": token.strip(),  # the signed approval: readers of releases/ re-verify it (registry.py)
             "at": _now(),
         }
         used = {

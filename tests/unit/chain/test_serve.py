@@ -18,7 +18,9 @@ from clap.chain.chain import ChainParams
 from clap.chain.retrieval import RetrievalParams
 from clap.chain.serve import ServeParams, create_app, load_service, resolve_release
 from clap.errors import ClapError
-from clap.model.base import ADAPTER_FILE
+from clap.model.base import ADAPTER_FILE, base_sha256
+
+from ..release.release_fixtures import sign_release
 
 REPO = Path(__file__).resolve().parents[3]
 CP = ChainParams(
@@ -32,24 +34,12 @@ SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_cha
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _release(root: Path, batch: str | None) -> None:
-    """A production pointer naming ``batch`` with the adapter's real hashes (as clap release writes it)."""
+def _release(root: Path, batch: str | None, key_dir: Path | None = None) -> None:
+    """Release ``batch`` as clap release records it: pointer, history with the signed approval, ledger."""
     if batch is None:
         io.write_json(root / "releases/production.json", {"batch": None})
         return
-    adapter = root / "models/adapters" / batch
-    io.write_json(
-        root / "releases/production.json",
-        {
-            "batch": batch,
-            "decision": "promote",
-            "approval_id": "appr-1",
-            "approver": "alice",
-            "commit": "c0ffee",
-            "adapter_sha256": io.sha256_file(adapter / ADAPTER_FILE),
-            "adapter_config_sha256": io.sha256_file(adapter / "adapter_config.json"),
-        },
-    )
+    sign_release(root, batch, key_dir or root.parent / f"{root.name}-keys", base_sha256(root / "models/base"))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +51,7 @@ def repo(tiny_base, tmp_path_factory) -> Path:
         write_tiny_admitted(root / "data/admitted" / batch, n_sft=2, n_probe=2, seed=seed)
         make_tiny_adapter(root / "models/base", root / "models/adapters" / batch, seed=seed)
     io.atomic_write_text(root / "params.yaml", (REPO / "params.yaml").read_text(encoding="utf-8"))
-    _release(root, "2026-01")
+    _release(root, "2026-01", tmp_path_factory.mktemp("serve_keys"))
     return root
 
 
@@ -104,7 +94,7 @@ def test_health_names_the_release(url, repo):
         "2026-01",
         "2026-01",
         "promote",
-        "appr-1",
+        io.read_json(repo / "releases/production.json")["approval_id"],
     )
     assert h["adapter_sha256"] == io.sha256_file(repo / "models/adapters/2026-01" / ADAPTER_FILE)
     assert h["base_sha256"] == io.sha256_file(repo / "models/base/model.safetensors") and h["kb_docs"] == 16

@@ -22,12 +22,15 @@ from clap.judge.evaluation import (
     score_generations,
 )
 from clap.judge.scored import check_pairing
-from clap.model.base import ADAPTER_FILE
+from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation
 from clap.task.prompt import format_answer
 from clap.task.scoring import FieldWeights, ScoringParams
 from schemas.eval import EvalItems, EvalTimings
 
+from ..release.release_fixtures import sign_release
+
+REPO = Path(__file__).resolve().parents[3]
 SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
 
 
@@ -49,17 +52,31 @@ def _pointer(path: Path, batch: str | None, sha: str | None) -> Path:
     return path
 
 
+def _released(batch, tmp_path: Path, name: str) -> Path:
+    """A repository root whose releases/ records a signed release of ``name``; returns its pointer path."""
+    root = tmp_path / f"repo-{name}"
+    root.mkdir()
+    io.atomic_write_text(root / "params.yaml", (REPO / "params.yaml").read_text(encoding="utf-8"))
+    sign_release(
+        root, name, tmp_path / f"keys-{name}", base_sha256(batch["base"]), adapters_dir=batch["adapters"]
+    )
+    return root / "releases" / "production.json"
+
+
 def test_incumbent_resolution(batch, tmp_path):
     adapters = batch["adapters"]
     sha = io.sha256_file(adapters / "2025-12" / ADAPTER_FILE)
     assert incumbent_spec(tmp_path / "absent.json", adapters) is None
     assert incumbent_spec(_pointer(tmp_path / "none.json", None, None), adapters) is None
-    spec = incumbent_spec(_pointer(tmp_path / "ok.json", "2025-12", sha), adapters)
+    spec = incumbent_spec(_released(batch, tmp_path, "2025-12"), adapters, batch["base"])
     assert spec == ModelSpec("incumbent", str(adapters / "2025-12"), sha, "2025-12")
     with pytest.raises(ClapError, match="sha256"):
         incumbent_spec(_pointer(tmp_path / "bad.json", "2025-12", "0" * 64), adapters)
     with pytest.raises(ClapError):
         incumbent_spec(_pointer(tmp_path / "gone.json", "2024-01", sha), adapters)
+    io.atomic_write_text(tmp_path / "params.yaml", (REPO / "params.yaml").read_text(encoding="utf-8"))
+    with pytest.raises(ClapError, match="no approval for this pointer"):  # right bytes, no approval
+        incumbent_spec(_pointer(tmp_path / "releases" / "production.json", "2025-12", sha), adapters)
     (tmp_path / "corrupt.json").write_text("{not json")
     with pytest.raises(ClapError):
         incumbent_spec(tmp_path / "corrupt.json", adapters)
@@ -67,10 +84,7 @@ def test_incumbent_resolution(batch, tmp_path):
 
 def test_model_specs_skip_missing_candidate_and_self_incumbent(batch, tmp_path):
     adapters = batch["adapters"]
-    cand = incumbent_spec(
-        _pointer(tmp_path / "p.json", "2026-01", io.sha256_file(adapters / "2026-01" / ADAPTER_FILE)),
-        adapters,
-    )
+    cand = incumbent_spec(_released(batch, tmp_path, "2026-01"), adapters)
     assert [s.role for s in model_specs(adapters / "2026-01", cand)] == [
         "base",
         "candidate",

@@ -256,3 +256,83 @@ def release_both(repo: Path) -> tuple[str, str]:
     t2 = approve(repo, second)
     R.release(repo, second, t2, R.load_params(repo))
     return t1, t2
+
+
+def sign_release(
+    root: Path,
+    batch: str,
+    key_dir: Path,
+    base_sha256: str,
+    *,
+    adapters_dir: Path | None = None,
+    approver: str = "alice",
+    decision: str = "promote",
+) -> dict:
+    """Record a release of ``batch`` in ``root/releases`` as `clap release` does (pointer, history event with
+    the signed token, ledger entry), without git or a pipeline: for the tests of readers of releases/.
+
+    The approver's key pair is created under ``key_dir`` (public key in ``root/releases/trusted_keys``)
+    when it does not exist; the audience is ``root/params.yaml``'s ``release.audience``. The eval
+    and evidence hashes are stand-ins (readers check them against the token, not the disk).
+    """
+    import dataclasses
+    import time
+    from datetime import UTC, datetime
+
+    import jwt
+
+    from clap import params
+    from clap.release.approval import Binding, generate_keypair, load_private_key, mint_token
+
+    releases = root / "releases"
+    key_path = key_dir / f"{approver}.key"
+    if not key_path.exists():
+        key_dir.mkdir(parents=True, exist_ok=True)
+        (releases / "trusted_keys").mkdir(parents=True, exist_ok=True)
+        generate_keypair(approver, key_dir, releases / "trusted_keys")
+    adapter = (adapters_dir if adapters_dir is not None else root / "models" / "adapters") / batch
+    binding = Binding(
+        batch=batch,
+        decision=decision,
+        adapter_sha256=io.sha256_file(adapter / "adapter_model.safetensors"),
+        adapter_config_sha256=io.sha256_file(adapter / "adapter_config.json"),
+        eval_sha256="e" * 64,
+        evidence_sha256="f" * 64,
+        base_sha256=base_sha256,
+    )
+    now = int(time.time())
+    audience = params.raw_section("release", root / "params.yaml")["audience"]
+    token = mint_token(load_private_key(key_path), approver, binding, audience=audience, ttl_s=600, now=now)
+    jti = jwt.decode(token, options={"verify_signature": False})["jti"]
+    pointer = {**dataclasses.asdict(binding), "approval_id": jti, "approver": approver, "commit": "c0ffee"}
+    previous = io.read_json(releases / "production.json") if (releases / "production.json").exists() else {}
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    event = {
+        "event": "release",
+        "pointer": pointer,
+        "previous_batch": previous.get("batch"),
+        "token": token,
+        "at": at,
+    }
+    used = {"jti": jti, "batch": batch, "approver": approver, "exp": now + 600, "used_at": at}
+    for name, row in (("history.jsonl", event), ("approvals_used.jsonl", used)):
+        with open(releases / name, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    io.write_json(releases / "production.json", pointer)
+    return pointer
+
+
+def hand_edited_pointer(root: Path, batch: str, adapters_dir: Path | None = None) -> dict:
+    """A pointer naming ``batch`` with its adapter's real hashes, written by hand: no approval behind it."""
+    adapter = (adapters_dir if adapters_dir is not None else root / "models" / "adapters") / batch
+    pointer = {
+        "batch": batch,
+        "decision": "promote",
+        "approval_id": "appr-1",
+        "approver": "alice",
+        "commit": "c0ffee",
+        "adapter_sha256": io.sha256_file(adapter / "adapter_model.safetensors"),
+        "adapter_config_sha256": io.sha256_file(adapter / "adapter_config.json"),
+    }
+    io.write_json(root / "releases" / "production.json", pointer)
+    return pointer

@@ -158,10 +158,23 @@ def test_adapter_replaced_after_the_gate_cannot_be_approved(repo):
 def test_invalid_handoff_is_refused(repo):
     token = approve(repo, X)
     io.write_metrics_and_record(
-        repo / "metrics" / "base.json", None, {"weights_sha256": "ab"}
-    )  # no source: the card has no base_model
+        repo / "metrics" / "base.json", None, {"weights_sha256": "ab" * 32}
+    )  # same weights, no source: the card has no base_model
     assert "base_model" in refused(
         repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff"
+    )
+
+
+def test_changed_base_model_is_refused(repo):
+    """The approval binds the base model's weights hash: another base after approval is refused."""
+    token = approve(repo, X)
+    io.write_metrics_and_record(
+        repo / "metrics" / "base.json",
+        None,
+        {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "cd" * 32},
+    )
+    assert "base_sha256" in refused(
+        repo, lambda: R.release(repo, X, token, R.load_params(repo)), "binding_mismatch"
     )
 
 

@@ -33,7 +33,7 @@ COST_P = CostParams(
     wall_time_key="wall_s",
     device_key="device",
 )
-BINDING = Binding(B, "promote", "a" * 64, "b" * 64, "c" * 64, "d" * 64)
+BINDING = Binding(B, "promote", "a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64)
 LOCK = {
     "schema": "2.0",
     "stages": {
