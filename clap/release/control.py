@@ -15,6 +15,15 @@ ledger and handoff files are written and committed together; on any failure they
 restored and nothing is committed. A rollback restores the previous pointer from git
 (the pointer as it was before the current release's commit), restores that adapter's
 bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing.
+
+Both also write the registry the way GTO (iterative/gto, read by DVC Studio) does, as
+annotated git tags: the N-th release registers version ``clap-adapter@vN.0.0`` on its
+release commit and assigns it the ``prod`` stage (``clap-adapter#prod#<counter>``); a
+rollback unassigns ``prod`` from the current version (``clap-adapter#prod!#<counter>``) and
+assigns it again to the version rolled back to (a new ``#prod#<counter>`` tag on that
+version's commit). ``gto show`` / ``gto history`` list them. The tags are part
+of the transaction: a tag that cannot be created undoes the commit, and an existing tag name
+is refused, never moved.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +76,10 @@ from clap.release.registry import (
 from clap.release.registry import read_jsonl as _read_jsonl
 
 HANDOFF = RELEASES / "handoff"
+
+# The GTO registry (iterative/gto 1.10 tag format, gto/tag.py): one artifact, one stage.
+GTO_ARTIFACT = "clap-adapter"
+GTO_STAGE = "prod"
 
 
 @dataclass(frozen=True)
@@ -198,11 +212,16 @@ def _locked(root: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _transaction(root: Path, paths: list[Path]) -> Iterator[None]:
-    """Restore ``paths`` (bytes, and their index entries) if the block raises: all or nothing."""
+    """Restore ``paths`` (bytes, and their index entries) and undo a commit made in the block
+    (one whose registry tags failed) if the block raises: all or nothing."""
     saved = {p: ((Path(root) / p).read_bytes() if (Path(root) / p).exists() else None) for p in paths}
+    head = vcs.head_commit(root)
     try:
         yield
     except BaseException:
+        with contextlib.suppress(ClapError):  # a commit made inside the block is undone (its tags failed)
+            if vcs.head_commit(root) != head:
+                vcs.git(root, "reset", "-q", "--soft", head)
         for p, data in saved.items():
             if data is None:
                 (Path(root) / p).unlink(missing_ok=True)
@@ -213,6 +232,78 @@ def _transaction(root: Path, paths: list[Path]) -> Iterator[None]:
         with contextlib.suppress(ClapError):
             vcs.git(root, "reset", "-q", "--", *map(str, paths))
         raise
+
+
+# ---------------------------------------------------------------- GTO registry tags
+
+
+def gto_version(ordinal: int) -> str:
+    """The GTO version of the ``ordinal``-th release (1-based): ``v<ordinal>.0.0``.
+
+    Every release is a new adapter that may change answers, so each one is a new major
+    version; semver order is release order and the major number is the release count.
+    """
+    return f"v{ordinal}.0.0"
+
+
+def _release_ordinal(history: list[dict[str, Any]], approval_id: str) -> int:
+    """1-based position of the release of ``approval_id`` among the release events of ``history``."""
+    ids = [e.get("pointer", {}).get("approval_id") for e in history if e.get("event") == "release"]
+    if ids.count(approval_id) != 1:
+        raise ClapError(
+            f"history.jsonl has {ids.count(approval_id)} releases of approval {approval_id}, expected one",
+            file=HISTORY,
+            rule="inconsistent_releases",
+        )
+    return ids.index(approval_id) + 1
+
+
+def _tag_commit(root: Path, name: str) -> str | None:
+    """The commit tag ``name`` points to (peeled), or None when there is no such tag."""
+    out = vcs.git(root, "for-each-ref", "--format=%(objectname) %(*objectname)", f"refs/tags/{name}").split()
+    return out[-1] if out else None
+
+
+def _gto_counter(root: Path) -> int:
+    """GTO numbers an artifact's tags with one counter (gto/tag.py name_tag): the highest ``#<n>`` plus one."""
+    names = vcs.git(root, "tag", "--list", f"{GTO_ARTIFACT}@*", f"{GTO_ARTIFACT}#*").split()
+    return max((int(m[1]) for n in names if (m := re.search(r"#(\d+)$", n))), default=0) + 1
+
+
+def _refuse_taken(root: Path, names: list[str]) -> None:
+    taken = [n for n in names if _tag_commit(root, n) is not None]
+    if taken:
+        raise ClapError(
+            f"git tag {', '.join(taken)} already exists: registry tags are never moved or overwritten "
+            "(delete it by hand only if it is not a clap release)",
+            rule="tag_exists",
+        )
+
+
+def _create_tags(root: Path, tags: list[tuple[str, str, str]]) -> list[str]:
+    """Create the annotated tags ``(name, commit, message)``, all or none; an existing name is refused."""
+    _refuse_taken(root, [name for name, _, _ in tags])
+    created: list[str] = []
+    try:
+        for name, commit, message in tags:
+            vcs.git(root, "tag", "-a", name, "-m", message, commit)  # no -f: git refuses an existing name
+            created.append(name)
+    except BaseException:
+        for name in created:
+            with contextlib.suppress(ClapError):
+                vcs.git(root, "tag", "-d", name)
+        raise
+    return created
+
+
+def _register_message(version: str, batch: str, approval_id: str) -> str:
+    return (
+        f"Registering artifact {GTO_ARTIFACT} version {version}\n\nbatch: {batch}\napproval: {approval_id}\n"
+    )
+
+
+def _assign_message(version: str, detail: str) -> str:
+    return f"Assigning stage {GTO_STAGE} to artifact {GTO_ARTIFACT} version {version}\n\n{detail}\n"
 
 
 # ---------------------------------------------------------------- checks shared by approve and release
@@ -419,6 +510,14 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
             "token": token.strip(),  # the signed approval: readers of releases/ re-verify it (registry.py)
             "at": _now(),
         }
+        history = read_history(root)
+        version = gto_version(sum(e.get("event") == "release" for e in history) + 1)
+        detail = f"batch: {batch}\napproval: {claims['jti']}"
+        tags = [
+            (f"{GTO_ARTIFACT}@{version}", _register_message(version, batch, claims["jti"])),
+            (f"{GTO_ARTIFACT}#{GTO_STAGE}#{_gto_counter(root)}", _assign_message(version, detail)),
+        ]
+        _refuse_taken(root, [name for name, _ in tags])
         used = {
             "jti": claims["jti"],
             "batch": batch,
@@ -427,7 +526,12 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
             "used_at": event["at"],
         }
         return _record(
-            root, event, handoff, f"release {batch}: {binding.decision} (approval {claims['jti']})", used=used
+            root,
+            event,
+            handoff,
+            f"release {batch}: {binding.decision} (approval {claims['jti']})",
+            used=used,
+            tags=tags,
         )
 
 
@@ -445,9 +549,15 @@ def _over_budget(cost: dict[str, Any], p: CostParams) -> bool:
 
 
 def _record(
-    root: Path, event: dict[str, Any], handoff: Handoff, message: str, used: dict[str, Any] | None = None
+    root: Path,
+    event: dict[str, Any],
+    handoff: Handoff,
+    message: str,
+    used: dict[str, Any] | None = None,
+    tags: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Write the handoff files, the event (and, for a release, ledger and pointer) and commit them, all or nothing."""
+    """Write the handoff files, the event (and, for a release, ledger and pointer), commit them and
+    put the annotated ``tags`` (name, message) on the commit, all or nothing."""
     out_dir = HANDOFF / (event.get("batch") or event["pointer"]["batch"])
     paths = [HISTORY, out_dir / CARD, out_dir / MANIFEST, out_dir / COST] + (
         [LEDGER, POINTER] if used else []
@@ -458,7 +568,9 @@ def _record(
         if used:
             io.atomic_write_text(root / LEDGER, _append_line(_text(root / LEDGER), used))
             io.write_json(root / POINTER, event["pointer"])
-        return {**event, "release_commit": _commit(root, paths, message)}
+        commit = _commit(root, paths, message)
+        created = _create_tags(root, [(name, commit, text) for name, text in tags or []])
+        return {**event, "release_commit": commit, **({"tags": created} if created else {})}
 
 
 def _text(path: Path) -> str:
@@ -564,6 +676,41 @@ def rollback(root: Path) -> dict[str, Any]:
                 f"the pointer before commit {reverted[:12]} is not the previous release in history.jsonl",
                 rule="inconsistent_releases",
             )
+        target = _release_commit(root, stack[-2]["approval_id"])
+        version = gto_version(_release_ordinal(read_history(root), stack[-2]["approval_id"]))
+        registration = f"{GTO_ARTIFACT}@{version}"
+        registered_at = _tag_commit(root, registration)
+        if registered_at not in (None, target):
+            raise ClapError(
+                f"git tag {registration} points to {registered_at[:12]}, not to the release commit "
+                f"{target[:12]} of batch {stack[-2]['batch']}",
+                rule="tag_exists",
+            )
+        tags = (
+            []
+            if registered_at
+            else [  # a release made before clap wrote tags is registered now
+                (
+                    registration,
+                    target,
+                    _register_message(version, stack[-2]["batch"], stack[-2]["approval_id"]),
+                )
+            ]
+        )
+        detail = f"rollback {pointer['batch']} -> {stack[-2]['batch']}\napproval: {stack[-2]['approval_id']}"
+        counter = _gto_counter(root)
+        current = gto_version(_release_ordinal(read_history(root), pointer["approval_id"]))
+        if _tag_commit(root, f"{GTO_ARTIFACT}@{current}") == reverted:  # prod leaves the rolled-back version
+            tags.append(
+                (
+                    f"{GTO_ARTIFACT}#{GTO_STAGE}!#{counter}",
+                    reverted,
+                    f"Unassigning stage {GTO_STAGE} from artifact {GTO_ARTIFACT} version {current}\n\n{detail}\n",
+                )
+            )
+            counter += 1
+        tags.append((f"{GTO_ARTIFACT}#{GTO_STAGE}#{counter}", target, _assign_message(version, detail)))
+        _refuse_taken(root, [name for name, _, _ in tags])
         how = restore_adapter(root, stack[-2]["batch"], stack[-2]["adapter_sha256"])
         event = {
             "event": "rollback",
@@ -577,14 +724,12 @@ def rollback(root: Path) -> dict[str, Any]:
         with _transaction(root, [POINTER, HISTORY]):
             io.atomic_write_text(root / POINTER, restored)
             io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
-            return {
-                **event,
-                "release_commit": _commit(
-                    root,
-                    [POINTER, HISTORY],
-                    f"rollback {pointer['batch']} -> {stack[-2]['batch']} (revert of {reverted[:12]})",
-                ),
-            }
+            commit = _commit(
+                root,
+                [POINTER, HISTORY],
+                f"rollback {pointer['batch']} -> {stack[-2]['batch']} (revert of {reverted[:12]})",
+            )
+            return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
 
 
 # ---------------------------------------------------------------- keygen and handoff

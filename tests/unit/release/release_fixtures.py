@@ -187,7 +187,7 @@ def copy_template(template_base: Path, dest_base: Path) -> Path:
 
 
 def snapshot(repo: Path) -> dict:
-    """Bytes of every file under releases/, git HEAD and git status: equal before/after a refused action."""
+    """Bytes of every file under releases/, git HEAD, status and tags: equal before/after a refused action."""
     files = {
         str(p.relative_to(repo)): p.read_bytes()
         for p in sorted((repo / "releases").rglob("*"))
@@ -197,6 +197,7 @@ def snapshot(repo: Path) -> dict:
         "files": files,
         "head": git(repo, "rev-parse", "HEAD"),
         "status": git(repo, "status", "--porcelain"),
+        "tags": git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/tags"),
     }
 
 
