@@ -43,6 +43,7 @@ from typing import Any
 
 from clap import io, params, vcs
 from clap.errors import ClapError
+from clap.model.base import ADAPTER_FILE
 from clap.release.approval import (
     RELEASABLE,
     Binding,
@@ -607,7 +608,7 @@ def restore_adapter(root: Path, batch: str, expected_sha256: str) -> str:
     from dvc.repo import Repo
 
     target = Path(root).resolve() / "models" / "adapters" / batch
-    weights = target / "adapter_model.safetensors"
+    weights = target / ADAPTER_FILE
 
     def ok() -> bool:
         return weights.is_file() and io.sha256_file(weights) == expected_sha256

@@ -20,7 +20,7 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
 (:func:`check_registry`) replays the whole history with the same checks.
 
-This module imports only clap core and :mod:`clap.release.approval`, so serve and eval can use
+This module imports only clap core, :mod:`clap.release.approval` and the adapter file name, so serve and eval can use
 it without the release machinery (git, DVC, handoff).
 """
 
@@ -37,6 +37,7 @@ import jwt
 
 from clap import io, params
 from clap.errors import ClapError
+from clap.model.base import ADAPTER_FILE
 from clap.release.approval import BINDING_CLAIMS, RELEASABLE, load_trusted_keys, verify_token
 
 RELEASES = Path("releases")
@@ -45,7 +46,6 @@ HISTORY = RELEASES / "history.jsonl"
 LEDGER = RELEASES / "approvals_used.jsonl"
 TRUSTED = RELEASES / "trusted_keys"
 ADAPTERS = Path("models/adapters")
-ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
