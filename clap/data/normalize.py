@@ -69,6 +69,21 @@ class Vocab:
     abs_tol: float
 
 
+def answer_vocabularies(p: NormalizeParams) -> dict[str, list[str]]:
+    """The canonical words of each vocabulary answer field (what constrained decoding may emit)."""
+    return {
+        "metric": list(p.metrics),
+        "line": list(p.lines),
+        "shift": list(p.shifts),
+        "unit": sorted({str(v[0]) for v in p.units.values()}),
+    }
+
+
+def metric_units(p: NormalizeParams) -> dict[str, str]:
+    """Each canonical metric's canonical unit (an answer's unit is its metric's)."""
+    return {m: str(spec["unit"]) for m, spec in p.metrics.items()}
+
+
 def build_vocab(p: NormalizeParams) -> Vocab:
     """Compile the params vocabulary; contradictions (a label naming two metrics) raise ClapError."""
     units = {label_key(k): (str(v[0]), float(v[1])) for k, v in p.units.items()}
@@ -229,6 +244,24 @@ def parse_date(text: str, vocab: Vocab) -> str | None:
         except ValueError:
             continue
     return None
+
+
+def dates_in(text: str, vocab: Vocab, max_words: int = 4) -> list[str]:
+    """ISO dates written anywhere in ``text`` in a configured format, in order of appearance.
+
+    Every run of up to ``max_words`` whitespace-separated words (trailing ``,.;:)`` removed)
+    is tried with :func:`parse_date`; a shorter run that parses is not reported again inside
+    a longer one starting at the same word.
+    """
+    words = clean_text(text).split()
+    found: list[str] = []
+    for i in range(len(words)):
+        for j in range(min(len(words), i + max_words), i, -1):
+            iso = parse_date(" ".join(words[i:j]).rstrip(",.;:)").lstrip("("), vocab)
+            if iso is not None:
+                found.append(iso)
+                break
+    return list(dict.fromkeys(found))
 
 
 def decimal_readings(token: str) -> list[float]:

@@ -25,6 +25,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from clap.model.constrain import Constraint, Grammar, Grammars
+
 Messages = list[dict[str, str]]
 
 
@@ -81,6 +83,7 @@ def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
 
 def _buffered_cache(prefix: Any, rows: int, capacity: int) -> Any:
     """A cache of ``rows`` copies of ``prefix`` (a one-row cache, or None) that grows in place."""
+    import torch
     from transformers.cache_utils import Cache, DynamicLayer
 
     class BufferedLayer(DynamicLayer):
@@ -92,6 +95,9 @@ def _buffered_cache(prefix: Any, rows: int, capacity: int) -> Any:
                 shape = (key_states.shape[0], key_states.shape[1], capacity, key_states.shape[3])
                 self._k, self._v, self._n = key_states.new_empty(shape), value_states.new_empty(shape), 0
             n = self._n + key_states.shape[-2]
+            if n > self._k.shape[2]:  # forced-token chunks carry padding: grow (rare) instead of overflowing
+                grow = (0, 0, 0, max(n, 2 * self._k.shape[2]) - self._k.shape[2])
+                self._k, self._v = torch.nn.functional.pad(self._k, grow), torch.nn.functional.pad(self._v, grow)
             self._k[:, :, self._n : n] = key_states
             self._v[:, :, self._n : n] = value_states
             self._n = n
@@ -118,8 +124,15 @@ def _greedy(
     pad_id: int,
     max_new_tokens: int,
     stops: set[int],
+    grammars: Grammars | None = None,
+    row_grammars: Sequence[Grammar] = (),
 ) -> list[list[int]]:
-    """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token."""
+    """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token.
+
+    With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are masked to what the grammar allows, and the
+    tokens the grammar then forces are fed with the chosen one in a single forward pass
+    (rows whose runs are shorter are padded, the padding masked out of attention).
+    """
     import torch
 
     device, n, width = model.device, len(rows), max(len(r) for r in rows)
@@ -139,26 +152,58 @@ def _greedy(
         use_cache=True,
         logits_to_keep=1,
     )
+    logits = out.logits[:, -1]
     last = positions[:, -1:].to(device)
     alive, generated = list(range(n)), [[] for _ in range(n)]
+    constrained = grammars is not None
+    matchers = [g.matcher() for g in row_grammars] if constrained else []
+    bitmask = grammars.bitmask(n) if constrained else None
     while True:
-        tokens = out.logits[:, -1].argmax(-1)
-        keep = []
-        for j, (row, tok) in enumerate(zip(alive, tokens.tolist())):
+        if constrained:
+            for j, row in enumerate(alive):
+                matchers[row].fill(bitmask, j)
+            grammars.apply(logits, bitmask[: len(alive)])
+        tokens = logits.argmax(-1).tolist()
+        keep, feeds = [], []
+        for j, (row, tok) in enumerate(zip(alive, tokens)):
             generated[row].append(tok)
-            if tok not in stops and len(generated[row]) < max_new_tokens:
-                keep.append(j)
+            if constrained:
+                matchers[row].accept(tok)
+            if tok in stops or len(generated[row]) >= max_new_tokens:
+                continue
+            feed = [tok]
+            if constrained:
+                forced = matchers[row].forced(max_new_tokens - len(generated[row]))
+                generated[row].extend(forced)
+                feed.extend(forced)
+                if len(generated[row]) >= max_new_tokens:
+                    continue
+            keep.append(j)
+            feeds.append(feed)
         if not keep:
             return generated
         if len(keep) < len(alive):
             index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
-            alive, tokens, mask, last = [alive[j] for j in keep], tokens[index], mask[index], last[index]
-        mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
-        last = last + 1
+            alive, mask, last = [alive[j] for j in keep], mask[index], last[index]
+        step = max(len(f) for f in feeds)
+        chunk = torch.full((len(alive), step), pad_id, dtype=torch.long)
+        chunk_mask = torch.zeros((len(alive), step), dtype=torch.long)
+        for j, f in enumerate(feeds):
+            chunk[j, : len(f)] = torch.tensor(f, dtype=torch.long)
+            chunk_mask[j, : len(f)] = 1
+        chunk_mask = chunk_mask.to(device)
+        lengths = chunk_mask.sum(-1, keepdim=True)
+        mask = torch.cat([mask, chunk_mask], dim=1)
+        positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding repeats the row's last position
+        last = last + lengths
         out = model(
-            input_ids=tokens[:, None], attention_mask=mask, position_ids=last, cache=cache, use_cache=True
+            input_ids=chunk.to(device), attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
         )
+        if step == 1:
+            logits = out.logits[:, -1]
+        else:
+            logits = out.logits[torch.arange(len(alive), device=device), lengths[:, 0] - 1]
 
 
 def generate_batched(
@@ -169,6 +214,7 @@ def generate_batched(
     batch_size: int,
     max_new_tokens: int,
     desc: str = "generate",
+    constraint: Constraint | None = None,
 ) -> list[Generation]:
     """Greedy answers to ``chats`` in input order.
 
@@ -179,6 +225,7 @@ def generate_batched(
         batch_size: prompts decoded together (1 = unbatched).
         max_new_tokens: generation budget per item.
         desc: progress bar label.
+        constraint: decode each chat only as its grammar allows (None: free decoding).
 
     Returns:
         One :class:`Generation` per chat, same order as ``chats``.
@@ -187,6 +234,8 @@ def generate_batched(
 
     if tokenizer.pad_token_id is None:
         raise ValueError("tokenizer has no pad token (clap.model.base.load_tokenizer sets one)")
+    if constraint is not None and len(constraint.per_chat) != len(chats):
+        raise ValueError(f"{len(constraint.per_chat)} grammars for {len(chats)} chats")
     encoded = encode_chats(tokenizer, chats)
     stops = set(stop_ids(model, tokenizer))
     prefix_len = shared_prefix_length(encoded)
@@ -213,6 +262,8 @@ def generate_batched(
                 tokenizer.pad_token_id,
                 max_new_tokens,
                 stops,
+                constraint.grammars if constraint is not None else None,
+                [constraint.per_chat[i] for i in idx] if constraint is not None else (),
             )
             # the shared prefix's one forward pass is billed to the batches in proportion to their size
             wall_ms = (time.perf_counter() - start) * 1000.0 + prefix_ms * len(idx) / len(encoded)
