@@ -15,6 +15,7 @@ from clap.judge.gating import (
     ChainPolicy,
     Check,
     GateParams,
+    SlicePolicy,
     bound_check,
     chain_checks,
     decide,
@@ -33,6 +34,7 @@ P = GateParams(
     lcb_floor=0.0,
     power=0.8,
     planning_discordance=0.2,
+    planning_delta=0.10,
     max_hallucination_rate=0.05,
     max_wrong_fact_rate=0.15,
     max_regressed_rate=0.10,
@@ -43,6 +45,7 @@ P = GateParams(
     min_prompt_masked=0.95,
     unmasked="reject",
     max_regressed_samples=3,
+    slices=SlicePolicy(alpha=0.05, regression="hold"),
     chain=ChainPolicy(
         core_tolerance=0.05,
         evidence_tolerance=0.05,
@@ -156,7 +159,7 @@ def test_gain_below_margin_rejects_even_if_significant():
 def test_no_change_rejects_and_no_discordance_means_p_one():
     cand, base = vectors(60, wins=0, losses=0, base_right=10)
     r = gate({"base": base, "candidate": cand})
-    assert r.decision == "reject" and r.numbers["pvalue"] == 1.0 and r.numbers["mde_observed"] == 1.0
+    assert r.decision == "reject" and r.numbers["pvalue"] == 1.0 and r.numbers["rule_mde_observed"] == 1.0
 
 
 def test_large_but_inconclusive_gain_holds():
