@@ -141,9 +141,13 @@ def rate_lcb(k: int, n: int, alpha: float) -> float:
 
 def paired_test(candidate: Sequence[bool], baseline: Sequence[bool], alpha: float) -> PairedResult:
     """McNemar p-value, paired difference and its lower bound for two pass vectors."""
-    n, b, c = discordant_counts(candidate, baseline)
-    if n == 0:
-        raise ValueError("no paired items")
+    return paired_from_counts(*discordant_counts(candidate, baseline), alpha)
+
+
+def paired_from_counts(n: int, b: int, c: int, alpha: float) -> PairedResult:
+    """The paired comparison of ``n`` pairs with ``b`` candidate-only and ``c`` baseline-only wins."""
+    if n <= 0 or min(b, c) < 0 or b + c > n:
+        raise ValueError(f"need n > 0 and 0 <= b, c with b + c <= n, got n={n}, b={b}, c={c}")
     return PairedResult(n, b, c, (b - c) / n, mcnemar_pvalue(b, c), paired_lcb(n, b, c, alpha), (b + c) / n)
 
 
