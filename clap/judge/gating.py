@@ -3,7 +3,9 @@
 Each check caps the decision (promote > canary > hold > reject); the decision is the
 lowest cap and the rule is the check that set it, so every outcome carries the exact
 reason and all the others. Quality: one-sided exact McNemar on paired pass/fail against
-the baseline M with a pre-registered margin delta* and a lower confidence bound; risk:
+the baseline M with a pre-registered margin delta* and a lower confidence bound (the power,
+MDE and N reported are of that whole rule, :func:`clap.judge.stats.rule_power`); slices: a
+Holm-adjusted one-sided exact regression test per slice caps the decision (``gate.slices``); risk:
 hallucination and wrong-fact rates, regressed items, p95 latency against bounds; plus the
 training health and the admission verdict; and the application-chain replay's numbers
 (``chain_*`` checks, policy ``gate.chain``: the gate stage runs after replay). Mapping
