@@ -618,7 +618,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
                 else f" (observed discordance {n['discordance']:.2f} is below delta*)"
             )
             + f"; 80 % power from a true gain of {n['rule_mde_observed']:.3f} (observed discordance), "
-            f"{n['rule_mde_planned']:.3f} (planned); N needed for 80 % power at the planned gain and discordance: {n['rule_n_required_planned']}. "
+            f"{n['rule_mde_planned']:.3f} (planned); N needed for 80 % power at gate.planning_delta and the planned discordance: {n['rule_n_required_planned']}. "
             "The LCB is Tango's score bound: approximate (worst measured coverage 91-94 % at N = 40-300, not 95 %).",
         ]
     sl = evidence.get("slices", {})
