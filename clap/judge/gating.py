@@ -3,7 +3,9 @@
 Each check caps the decision (promote > canary > hold > reject); the decision is the
 lowest cap and the rule is the check that set it, so every outcome carries the exact
 reason and all the others. Quality: one-sided exact McNemar on paired pass/fail against
-the baseline M with a pre-registered margin delta* and a lower confidence bound; risk:
+the baseline M with a pre-registered margin delta* and a lower confidence bound (the power,
+MDE and N reported are of that whole rule, :func:`clap.judge.stats.rule_power`); slices: a
+Holm-adjusted one-sided exact regression test per slice caps the decision (``gate.slices``); risk:
 hallucination and wrong-fact rates, regressed items, p95 latency against bounds; plus the
 training health and the admission verdict; and the application-chain replay's numbers
 (``chain_*`` checks, policy ``gate.chain``: the gate stage runs after replay). Mapping
@@ -24,7 +26,17 @@ import pandas as pd
 
 from clap import vcs
 from clap.errors import ClapError
-from clap.judge.stats import PairedResult, minimum_detectable_effect, paired_test, rate_lcb, required_pairs
+from clap.judge.stats import (
+    PairedResult,
+    Rule,
+    holm,
+    paired_test,
+    rate_lcb,
+    rule_mde,
+    rule_power,
+    rule_required_pairs,
+    slice_regression_pvalue,
+)
 from clap.task.scoring import SLICES
 
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
@@ -62,6 +74,23 @@ class ChainPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class SlicePolicy:
+    """Params ``gate.slices``: per-slice paired tests for regression (Holm over every slice)."""
+
+    alpha: float
+    regression: str
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha < 1.0 or self.regression not in DECISIONS:
+            raise ClapError(
+                f"gate.slices: 0 < alpha < 1 and regression one of {DECISIONS}",
+                file="params.yaml",
+                column="gate.slices",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class GateParams:
     """Params section ``gate`` (the pre-registered release policy)."""
 
@@ -71,6 +100,7 @@ class GateParams:
     lcb_floor: float
     power: float
     planning_discordance: float
+    planning_delta: float
     max_hallucination_rate: float
     max_wrong_fact_rate: float
     max_regressed_rate: float
@@ -81,6 +111,7 @@ class GateParams:
     min_prompt_masked: float
     unmasked: str
     max_regressed_samples: int
+    slices: SlicePolicy
     chain: ChainPolicy
 
     def __post_init__(self) -> None:
@@ -91,14 +122,23 @@ class GateParams:
             or not 0.0 < self.near_bound <= 1.0
             or not 0.0 < self.risk_alpha < 1.0
             or not 0.0 <= self.min_prompt_masked <= 1.0
+            or not 0.0 < self.alpha < 1.0
+            or not 0.0 < self.power < 1.0
+            or not 0.0 <= self.delta_star < self.planning_delta <= self.planning_discordance <= 1.0
         ):
             raise ClapError(
                 f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, 0 < risk_alpha < 1, "
-                f"0 <= min_prompt_masked <= 1 (bad decisions: {bad})",
+                f"0 <= min_prompt_masked <= 1, 0 < alpha, power < 1, 0 <= delta_star < planning_delta <= planning_discordance <= 1 "
+                f"(bad decisions: {bad})",
                 file="params.yaml",
                 column="gate",
                 rule="bad_params",
             )
+
+    @property
+    def rule(self) -> Rule:
+        """The quality rule :func:`quality_check` promotes by, for its power figures."""
+        return Rule(self.alpha, self.delta_star, self.lcb_floor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +159,7 @@ class GateResult:
     checks: list[Check]
     numbers: dict[str, Any]
     regressed: pd.DataFrame
+    slices: list[dict[str, Any]]
 
 
 def choose_baseline(meta: Mapping[str, Any], p: GateParams) -> tuple[str, str]:
@@ -261,6 +302,53 @@ def regressions_by_slice(regressed: pd.DataFrame) -> dict[str, dict[str, int]]:
     return {s: {str(k): int(v) for k, v in regressed[s].value_counts().sort_index().items()} for s in SLICES}
 
 
+def slice_tests(pairs: pd.DataFrame) -> list[dict[str, Any]]:
+    """Every slice (each value of each column in SLICES) with its paired counts and the one-sided
+    exact regression p-value P(Bin(b + c, 1/2) >= c), Holm-adjusted over all of them.
+
+    A slice without discordant pairs is listed with p = 1 (it can never be significant).
+    """
+    rows = []
+    for col in SLICES:
+        for value, part in pairs.groupby(col, sort=True):
+            b = int((part["pass"] & ~part["pass_baseline"]).sum())
+            c = int((~part["pass"] & part["pass_baseline"]).sum())
+            rows.append(
+                {
+                    "slice": col,
+                    "value": str(value),
+                    "n": int(len(part)),
+                    "b": b,
+                    "c": c,
+                    "pvalue": slice_regression_pvalue(b, c),
+                }
+            )
+    for row, adjusted in zip(rows, holm([r["pvalue"] for r in rows]) if rows else []):
+        row["p_adjusted"] = float(adjusted)
+    return rows
+
+
+def slice_check(slices: Sequence[Mapping[str, Any]], p: SlicePolicy) -> Check:
+    """Cap at ``gate.slices.regression`` when any slice regresses significantly after Holm
+    (adjusted p < ``gate.slices.alpha``): an average gain never hides a regressed slice."""
+    bad = [s for s in slices if s["p_adjusted"] < p.alpha]
+    if not bad:
+        return Check(
+            "slice_regression",
+            "promote",
+            f"no slice regresses at family-wise alpha={p.alpha} (Holm over {len(slices)} slices)",
+        )
+    named = "; ".join(
+        f"{s['slice']}={s['value']} (b={s['b']}, c={s['c']}, p={s['pvalue']:.3g}, Holm p={s['p_adjusted']:.3g})"
+        for s in bad
+    )
+    return Check(
+        "slice_regression",
+        p.regression,
+        f"{len(bad)} slice(s) regress at family-wise alpha={p.alpha} (Holm over {len(slices)} slices): {named}",
+    )
+
+
 def _chain_not_worse(name: str, m: Mapping[str, Any], key: str, tol: float) -> Check:
     a, b = float(_require(m, f"A_{key}", "metrics/replay")), float(_require(m, f"B_{key}", "metrics/replay"))
     text = f"chain B {b:.3f} vs A {a:.3f} (tolerance {tol:g})"
@@ -366,7 +454,13 @@ def risk_checks(
 
 
 def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> dict[str, Any]:
-    """Flat quality numbers: the test, pass rates and overall of both sides, MDE and planned N."""
+    """Flat quality numbers: the test, pass rates and overall of both sides, and the power
+    figures of the gate's whole quality rule (:class:`clap.judge.stats.Rule`, exact enumeration):
+    its MDE at the N used, the N it needs to promote ``planning_delta`` with ``power``, and its
+    power at a true gain of exactly delta* (-1 where the observed discordance is below delta*:
+    no such gain is possible there)."""
+    rule = p.rule
+    observed = test.discordance >= p.delta_star and test.discordance > 0
     return {
         "n_items": test.n,
         "b": test.b,
@@ -379,9 +473,15 @@ def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> d
         "baseline_pass_rate": float(pairs["pass_baseline"].mean()),
         "candidate_overall": float(pairs["overall"].mean()),
         "baseline_overall": float(pairs["overall_baseline"].mean()),
-        "mde_observed": minimum_detectable_effect(test.n, test.discordance, p.alpha, p.power),
-        "mde_planned": minimum_detectable_effect(test.n, p.planning_discordance, p.alpha, p.power),
-        "n_required_planned": required_pairs(p.delta_star, p.planning_discordance, p.alpha, p.power),
+        "rule_mde_observed": rule_mde(test.n, test.discordance, rule, p.power),
+        "rule_mde_planned": rule_mde(test.n, p.planning_discordance, rule, p.power),
+        "rule_power_at_delta_star": rule_power(test.n, p.delta_star, p.planning_discordance, rule),
+        "rule_power_at_delta_star_observed": (
+            rule_power(test.n, p.delta_star, test.discordance, rule) if observed else -1.0
+        ),
+        "rule_n_required_planned": rule_required_pairs(
+            p.planning_delta, p.planning_discordance, rule, p.power
+        ),
     }
 
 
@@ -405,6 +505,7 @@ def run_gate(
     regressed = pd.DataFrame(
         columns=["item_id", *SLICES, "output", "output_baseline"]
     )  # none without a candidate
+    slices: list[dict[str, Any]] = []
     if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
         checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
     else:
@@ -412,11 +513,17 @@ def run_gate(
         test = paired_test(pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool), p.alpha)
         regressed = regressed_items(pairs)
         risks, risk_numbers = risk_checks(scored, timings, regressed, p)
-        checks += [quality_check(test, p), *risks]
+        slices = slice_tests(pairs)
+        slice_cap = slice_check(slices, p.slices)
+        checks += [quality_check(test, p), slice_cap, *risks]
         numbers.update(quality_numbers(test, pairs, p), **risk_numbers)
+        numbers.update(
+            slices_tested=len(slices),
+            slices_regressed=sum(s["p_adjusted"] < p.slices.alpha for s in slices),
+        )
     checks += extra_checks
     decision, rule = decide(checks)
-    return GateResult(decision, rule, checks, numbers, regressed)
+    return GateResult(decision, rule, checks, numbers, regressed, slices)
 
 
 def flat_metrics(result: GateResult) -> dict[str, Any]:
@@ -472,6 +579,11 @@ def evidence_bundle(
             "by_slice": regressions_by_slice(result.regressed),
             "samples": regressed_samples(result.regressed, p.max_regressed_samples),
         },
+        "slices": {
+            "alpha": p.slices.alpha,
+            "regressed": [s for s in result.slices if s["p_adjusted"] < p.slices.alpha],
+            "tests": list(result.slices),
+        },
     }
 
 
@@ -498,8 +610,26 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         lines += [
             "",
             f"Quality: pass rate {n['baseline_pass_rate']:.3f} → {n['candidate_pass_rate']:.3f}, overall {n['baseline_overall']:.3f} → {n['candidate_overall']:.3f}; "
-            f"MDE at 80 % power with N={n['n_items']}: {n['mde_observed']:.3f} (observed discordance {n['discordance']:.2f}), "
-            f"{n['mde_planned']:.3f} (planned); N needed for delta* at the planned discordance: {n['n_required_planned']}.",
+            "the gate's whole quality rule (p < alpha, delta >= delta*, LCB >= floor; exact enumeration): "
+            f"promotes a true gain of exactly delta* with probability {n['rule_power_at_delta_star']:.2f} at N={n['n_items']} and the planned discordance"
+            + (
+                f", {n['rule_power_at_delta_star_observed']:.2f} at the observed discordance {n['discordance']:.2f}"
+                if n["rule_power_at_delta_star_observed"] >= 0
+                else f" (observed discordance {n['discordance']:.2f} is below delta*)"
+            )
+            + f"; 80 % power from a true gain of {n['rule_mde_observed']:.3f} (observed discordance), "
+            f"{n['rule_mde_planned']:.3f} (planned); N needed for 80 % power at gate.planning_delta and the planned discordance: {n['rule_n_required_planned']}. "
+            "The LCB is Tango's score bound: approximate (worst measured coverage 91-94 % at N = 40-300, not 95 %).",
+        ]
+    sl = evidence.get("slices", {})
+    if sl.get("regressed"):
+        lines += [
+            "",
+            f"Regressed slices (Holm over {len(sl['tests'])} slices, family-wise alpha {sl['alpha']}):",
+        ]
+        lines += [
+            f"- {s['slice']} = {s['value']}: b={s['b']}, c={s['c']} (of {s['n']}), p={s['pvalue']:.3g}, Holm-adjusted p={s['p_adjusted']:.3g}"
+            for s in sl["regressed"]
         ]
     chain = evidence.get("replay", {})
     if chain.get("A_run") and chain.get("B_run"):

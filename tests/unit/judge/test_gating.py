@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
+from statsmodels.stats.multitest import multipletests
 
 from clap import params
 from clap.errors import ClapError
@@ -15,6 +16,7 @@ from clap.judge.gating import (
     ChainPolicy,
     Check,
     GateParams,
+    SlicePolicy,
     bound_check,
     chain_checks,
     decide,
@@ -24,6 +26,7 @@ from clap.judge.gating import (
     run_gate,
 )
 from clap.judge.scored import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.judge.stats import rule_mde, rule_power, rule_required_pairs
 
 HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
 P = GateParams(
@@ -33,6 +36,7 @@ P = GateParams(
     lcb_floor=0.0,
     power=0.8,
     planning_discordance=0.2,
+    planning_delta=0.10,
     max_hallucination_rate=0.05,
     max_wrong_fact_rate=0.15,
     max_regressed_rate=0.10,
@@ -43,6 +47,7 @@ P = GateParams(
     min_prompt_masked=0.95,
     unmasked="reject",
     max_regressed_samples=3,
+    slices=SlicePolicy(alpha=0.05, regression="hold"),
     chain=ChainPolicy(
         core_tolerance=0.05,
         evidence_tolerance=0.05,
@@ -156,7 +161,7 @@ def test_gain_below_margin_rejects_even_if_significant():
 def test_no_change_rejects_and_no_discordance_means_p_one():
     cand, base = vectors(60, wins=0, losses=0, base_right=10)
     r = gate({"base": base, "candidate": cand})
-    assert r.decision == "reject" and r.numbers["pvalue"] == 1.0 and r.numbers["mde_observed"] == 1.0
+    assert r.decision == "reject" and r.numbers["pvalue"] == 1.0 and r.numbers["rule_mde_observed"] == 1.0
 
 
 def test_large_but_inconclusive_gain_holds():
@@ -386,3 +391,70 @@ def test_a_replay_record_missing_a_number_is_loud():
     with pytest.raises(ClapError, match="B_value_accuracy") as e:
         chain_checks(record, P.chain)
     assert e.value.rule == "missing_metric"
+
+
+def _planted(l7_regresses: bool):
+    """200 items: the candidate wins 60 items broadly; the 8 items of line L7 the baseline gets
+    right are all lost by the candidate (or, without the plant, kept)."""
+    cand, base = vectors(200, wins=60, losses=0, base_right=40)
+    scored, timings, meta = frames({"base": base, "candidate": cand})
+    l7 = scored["position"] < 8  # baseline right on items 0-39, the candidate too (no losses planted yet)
+    scored.loc[l7, "line"] = "L7"
+    if l7_regresses:
+        scored.loc[l7 & (scored["model"] == "candidate"), "pass"] = False
+    return run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+
+
+def test_a_regressed_slice_holds_a_significant_overall_gain_and_is_named():
+    clean, r = _planted(False), _planted(True)
+    assert (clean.decision, clean.numbers["slices_regressed"]) == ("promote", 0)
+    assert (
+        r.numbers["pvalue"] < 1e-10 and r.numbers["delta"] >= P.delta_star
+    )  # the overall gain is significant
+    assert next(c for c in r.checks if c.name == "quality").cap == "promote"
+    assert (r.decision, r.rule) == ("hold", "slice_regression")
+    flat = flat_metrics(r)
+    assert flat["check_slice_regression"] == "hold" and flat["slices_regressed"] == 1
+    ev = evidence_bundle(r, "2026-02", frames({"base": [True]})[2], "f" * 64, {}, P)
+    (bad,) = ev["slices"]["regressed"]
+    m = len(ev["slices"]["tests"])
+    assert (bad["slice"], bad["value"], bad["b"], bad["c"]) == ("line", "L7", 0, 8)
+    assert bad["pvalue"] == pytest.approx(0.5**8) and bad["p_adjusted"] == pytest.approx(min(1, m * 0.5**8))
+    adjusted = multipletests([s["pvalue"] for s in ev["slices"]["tests"]], method="holm")[1]
+    assert [s["p_adjusted"] for s in ev["slices"]["tests"]] == pytest.approx(list(adjusted))
+    assert {(s["slice"], s["value"]) for s in ev["slices"]["tests"]} >= {("line", "L7"), ("shift", "A")}
+    md = render_report(ev)
+    assert "line = L7: b=0, c=8 (of 8)" in md and "Holm-adjusted p=" in md
+    assert "line=L7 (b=0, c=8" in next(c.detail for c in r.checks if c.name == "slice_regression")
+
+
+def test_slice_policy_caps_at_its_param_and_needs_the_holm_level():
+    softer = dataclasses.replace(P, slices=SlicePolicy(alpha=0.05, regression="canary"))
+    cand, base = vectors(200, wins=60, losses=0, base_right=40)
+    scored, timings, meta = frames({"base": base, "candidate": cand})
+    scored.loc[scored["position"] < 8, "line"] = "L7"
+    scored.loc[(scored["position"] < 8) & (scored["model"] == "candidate"), "pass"] = False
+    assert run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, softer).decision == "canary"
+    few = scored["position"] < 4  # 4 losses of 4 items: p = 1/16 raw, not significant after Holm
+    scored.loc[(scored["position"] < 8) & ~few, "line"] = "L1"
+    scored.loc[(scored["position"] < 8) & ~few & (scored["model"] == "candidate"), "pass"] = True
+    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+    assert r.decision == "promote" and r.numbers["slices_regressed"] == 0
+    with pytest.raises(ClapError, match="slices"):
+        SlicePolicy(alpha=0.05, regression="maybe")
+
+
+def test_rule_power_figures_are_reported():
+    cand, base = vectors(300, wins=40, losses=10, base_right=100)
+    r = gate({"base": base, "candidate": cand})
+    n = r.numbers
+    assert n["rule_power_at_delta_star"] == pytest.approx(rule_power(300, 0.06, 0.2, P.rule))
+    assert n["rule_power_at_delta_star_observed"] == pytest.approx(rule_power(300, 0.06, 50 / 300, P.rule))
+    assert n["rule_mde_planned"] == pytest.approx(rule_mde(300, 0.2, P.rule, 0.8))
+    assert n["rule_n_required_planned"] == rule_required_pairs(0.10, 0.2, P.rule, 0.8)
+    md = render_report(evidence_bundle(r, "b", frames({"base": base, "candidate": cand})[2], "f" * 64, {}, P))
+    assert "approximate" in md and f"{n['rule_power_at_delta_star']:.2f} at N=300" in md
+    low = gate({"base": base, "candidate": vectors(300, wins=5, losses=5, base_right=100)[0]})
+    assert low.numbers["rule_power_at_delta_star_observed"] == -1.0  # discordance 1/30 < delta*
+    with pytest.raises(ClapError, match="planning_delta"):
+        dataclasses.replace(P, planning_delta=0.05)
