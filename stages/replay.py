@@ -92,7 +92,12 @@ def describe(argv, m: dict) -> str:
         for c in "ABCD"
         if m.get(f"{c}_run")
     )
-    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}"
+    timed = ", ".join(
+        f"{c} request p95 {m[f'{c}_request_p95_ms']:.0f} ms" for c in "AB" if f"{c}_request_p95_ms" in m
+    )
+    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}" + (
+        f"; {timed}" if timed else ""
+    )
 
 
 if __name__ == "__main__":
