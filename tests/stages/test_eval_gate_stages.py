@@ -159,10 +159,11 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         metrics / "train" / f"{batch}.json",
         {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0},
     )
+    io.write_json(metrics / "replay" / f"{batch}.json", {**chain, "adapter_contribution_value": 0.0})
     for other in params.raw_section(
         "batches", ROOT / "params.yaml"
     ):  # the summary covers every configured batch
-        for kind in ("eval", "gate", "train"):
+        for kind in ("eval", "gate", "train", "replay"):
             if other != batch:
                 shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
     out = stage(
@@ -172,4 +173,5 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert io.read_json(tmp_path / "summary.json")["decisions_reject"] == len(
         params.raw_section("batches", ROOT / "params.yaml")
     )
-    assert "overall_delta" in pd.read_csv(tmp_path / "summary.csv").columns
+    plot = pd.read_csv(tmp_path / "summary.csv")
+    assert set(plot["kind"]) == {"offline_pass_rate", "chain_value"} and set(plot["decision"]) == {"reject"}
