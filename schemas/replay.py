@@ -1,4 +1,5 @@
-"""Pandera models of data/replay/<batch>/ (per-case ABCD records, timings) and the replay plot data.
+"""Pandera models of data/replay/<batch>/ (per-case ABCD records, batched timings, per-request
+timings) and the replay plot data.
 
 A replay case row is an eval item row (same scoring columns, :class:`schemas.eval.EvalItems`)
 plus the condition, whether retrieval was on, what it retrieved and whether the gold
@@ -82,6 +83,34 @@ class ReplayTimings(pa.DataFrameModel):
     batch_wall_ms: Series[float] = pa.Field(ge=0.0)
     batch_size: Series[int] = pa.Field(ge=1)
     batch_index: Series[int] = pa.Field(ge=0)
+
+    class Config:
+        strict = True
+        coerce = True
+
+
+class ReplayRequests(pa.DataFrameModel):
+    """request_timings.parquet: the per-request latency sample of the RAG conditions (A, B), one
+    request at a time (batch size 1): wall clock of the whole chain and its retrieval and generation parts."""
+
+    condition: Series[str] = pa.Field(isin=[c for c, (_, rag) in CONDITIONS.items() if rag])
+    request: Series[int] = pa.Field(ge=0)
+    item_id: Series[str] = pa.Field(str_length={"min_value": 1})
+    retrieval_ms: Series[float] = pa.Field(ge=0.0)
+    generation_ms: Series[float] = pa.Field(gt=0.0)
+    request_ms: Series[float] = pa.Field(gt=0.0)
+    new_tokens: Series[int] = pa.Field(ge=1)
+    batch_size: Series[int] = pa.Field(isin=[1])
+
+    @pa.dataframe_check(name="one_row_per_request_and_condition")
+    def _unique(cls, df: pd.DataFrame) -> Series[bool]:
+        return ~df.duplicated(["condition", "request"], keep=False) & ~df.duplicated(
+            ["condition", "item_id"], keep=False
+        )
+
+    @pa.dataframe_check(name="request_covers_retrieval_and_generation")
+    def _covers(cls, df: pd.DataFrame) -> Series[bool]:  # the request's clock encloses both parts
+        return df["request_ms"] >= df["retrieval_ms"] + df["generation_ms"]
 
     class Config:
         strict = True

@@ -2,9 +2,10 @@
 
 usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json metrics/replay/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
 
-in:  data/eval/<b>/{items,timings}.parquet + manifest.json; the flat training, admission and
+in:  data/eval/<b>/items.parquet + manifest.json; the flat training, admission and
      application-chain replay records (each metrics file with its record file records/<stage>/<b>.json); params.yaml `gate` (the whole release policy, `gate.chain`
-     for the replay) and, for the evidence, `sizes admit train scoring eval`
+     for the replay; latency is gated on the replay's per-request B_request_p95_ms) and, for the evidence,
+     `sizes admit train scoring eval`
 out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
      decision without the chain checks as offline_decision), reports/gate/<b>/evidence.json (hashes, params,
      commit, regressed samples, the replay record), reports/gate/<b>/report.md
@@ -44,11 +45,13 @@ def run(
 ) -> dict:
     """Decide one batch (and its GRPO candidate, given the probe record); write the report folder and metrics."""
     p = params.section("gate", GateParams)
-    scored, timings, meta = read_scored(eval_dir)
+    scored, _, meta = read_scored(
+        eval_dir
+    )  # eval's timings are diagnostics: latency is gated per request (replay)
     train, admit, replay = read_record(train_json), read_record(admit_json), read_record(replay_json)
     probe = read_record(grpo_json) if grpo_json else None
     extra = grpo.sft_checks(probe, params.section("grpo", GrpoParams)) if probe else []
-    result = run_gate(scored, timings, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)])
+    result = run_gate(scored, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)], replay=replay)
     used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
     evidence = evidence_bundle(
         result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p

@@ -3,10 +3,12 @@
 usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
 
 in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if trained);
-     params.yaml `chain`, `eval` (batch size), `scoring`
-out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet;
-     reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution);
-     flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, adapter latency cost);
+     params.yaml `chain`, `eval` (batch size), `scoring`, `replay` (the per-request latency sample)
+out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet (batched,
+     apportioned), request_timings.parquet (A and B, one request at a time);
+     reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution, latency);
+     flat metrics json (A_..D_ numbers, RAG necessity, adapter contribution, per-request latency of A and B
+     and the adapter's per-request latency cost);
      records/replay/<b>.json (base, adapter and cases sha256, device);
      plot data csv (condition, metric, value, series)
 """
@@ -21,6 +23,7 @@ from clap import io, params, stage
 from clap.chain.chain import ChainParams
 from clap.judge.evaluation import eval_params
 from clap.judge.replay import (
+    ReplayParams,
     plot_rows,
     render_report,
     replay_metrics,
@@ -30,7 +33,7 @@ from clap.judge.replay import (
 from clap.model.base import ADAPTER_FILE, base_sha256, default_device
 from clap.task.scoring import ScoringParams
 from schemas.normalized import validate_frame
-from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
+from schemas.replay import ReplayCases, ReplayPlot, ReplayRequests, ReplayTimings
 
 USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
 
@@ -46,22 +49,25 @@ def run(
 ) -> dict:
     """Replay one batch; write cases, report, metrics and plot data; return the metrics."""
     started = time.perf_counter()
-    cp, rp, sp = (
+    cp, rp, sp, lp = (
         params.section("chain", ChainParams),
         eval_params(),
         params.section("scoring", ScoringParams),
+        params.section("replay", ReplayParams).latency,
     )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
-    answers = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp)
+    answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp)
     cases, timings = score_conditions(items, answers, sp)
     cases = validate_frame(ReplayCases, cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
-    numbers = replay_metrics(cases, timings, len(items), has_adapter)
+    requests = validate_frame(ReplayRequests, requests, str(data_dir / "request_timings.parquet"))
+    numbers = replay_metrics(cases, timings, requests, len(items), has_adapter)
     plot = validate_frame(ReplayPlot, plot_rows(numbers), str(plot_csv))
     with io.atomic_dir(data_dir) as tmp:
         io.write_parquet(tmp / "cases.parquet", cases)
         io.write_parquet(tmp / "timings.parquet", timings)
+        io.write_parquet(tmp / "request_timings.parquet", requests)
     with io.atomic_dir(report_dir) as tmp:
         io.atomic_write_text(tmp / "report.md", render_report(admitted.name, numbers))
     io.atomic_write_text(plot_csv, plot.to_csv(index=False, lineterminator="\n"))
@@ -86,7 +92,12 @@ def describe(argv, m: dict) -> str:
         for c in "ABCD"
         if m.get(f"{c}_run")
     )
-    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}"
+    timed = ", ".join(
+        f"{c} request p95 {m[f'{c}_request_p95_ms']:.0f} ms" for c in "AB" if f"{c}_request_p95_ms" in m
+    )
+    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}" + (
+        f"; {timed}" if timed else ""
+    )
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
 usage: python stages/summary.py metrics reports/summary.md metrics/summary.json plots/summary.csv
 
-in:  metrics/eval/<b>.json and metrics/gate/<b>.json for each batch; params.yaml `batches`, `summary`;
+in:  metrics/{eval,gate,train,replay}/<b>.json for each batch; params.yaml `batches`, `summary`;
      metrics/grpo/<b>.json for each batch when metrics/grpo exists (the GRPO probe stage ran)
 out: reports/summary.md (table, mean, regressed batches, decision counts; GRPO static vs runtime per batch),
      metrics/summary.json (flat),
-     plots/summary.csv (per-batch deltas for `dvc plots`)
+     plots/summary.csv (a row per batch x delta: offline pass rate vs the gate's baseline, chain value B - A,
+     with the batch's decision; dvc.yaml's top-level `plots` draws it)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run(metrics_dir: Path, report_md: Path, summary_json: Path, plot_csv: Path) 
         markdown += grpo.render_static_runtime(probes)
     io.atomic_write_text(report_md, markdown)
     io.write_metrics_and_record(summary_json, io.record_path(summary_json), flat)
-    io.atomic_write_text(plot_csv, plot_frame(rows, p).to_csv(index=False, lineterminator="\n"))
+    io.atomic_write_text(plot_csv, plot_frame(rows).to_csv(index=False, lineterminator="\n"))
     return flat
 
 

@@ -309,6 +309,7 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
         enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8
     )
     p["chain"].update(max_new_tokens=24)
+    p["replay"]["latency"].update(requests=2, warmup=1)  # of the 6 replay cases
     return p
 
 

@@ -17,7 +17,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from clap.data.normalize import NormalizeParams, Vocab, answer_vocabularies, build_vocab, dates_in, metric_units
+from clap.data.normalize import (
+    NormalizeParams,
+    Vocab,
+    answer_vocabularies,
+    build_vocab,
+    dates_in,
+    metric_units,
+)
 from clap.errors import ClapError
 from clap.model.constrain import DECODING_MODES, Constraint, Grammars
 from clap.model.generate import stop_ids

@@ -4,7 +4,8 @@ Each variant copies an admitted batch into a work folder (the batch itself is ne
 touched), injects one fault, then runs the loop as the stages do, in-process: train
 (:func:`clap.train.sft.train_batch`, with the runtime diagnosis and the TBDL detector), eval
 on the batch's held-out items (:func:`clap.judge.evaluation.evaluate`) and the gate
-(:func:`clap.judge.gating.run_gate`) under the real policy from params. Faults:
+(:func:`clap.judge.gating.run_gate`) under the real policy from params (bar the per-request
+latency bound: that is measured by replay, which calibration does not run). Faults:
 
 - ``relabel``: every training answer (fields, evidence and cited doc together) moves to
   another item (a seeded derangement): a join on the wrong key;
@@ -253,15 +254,13 @@ def gate_run(
 ) -> GateResult:
     """Eval the candidate on the held-out items and decide with the real gate (baseline: base)."""
     specs = [ModelSpec("base", None, "", "")] + ([cand] if cand else [])
-    scored, timings = base_eval
+    scored = base_eval[0]  # eval's timings are diagnostics: the gate bounds per-request latency (replay)
     if cand is not None:
-        c_scored, c_timings = evaluate([cand], base_dir, items, kb, lp.eval, lp.scoring)
-        scored, timings = (
-            pd.concat([scored, c_scored], ignore_index=True),
-            pd.concat([timings, c_timings], ignore_index=True),
-        )
+        c_scored, _ = evaluate([cand], base_dir, items, kb, lp.eval, lp.scoring)
+        scored = pd.concat([scored, c_scored], ignore_index=True)
     meta = {"models": [dataclasses.asdict(s) for s in specs], "production": {}}
-    return run_gate(scored, timings, meta, record, {"admitted": int(admitted)}, lp.gate)
+    # no replay here: the per-request latency bound (measured by replay) is not part of calibration
+    return run_gate(scored, meta, record, {"admitted": int(admitted)}, lp.gate, replay=None)
 
 
 def table_row(

@@ -15,8 +15,15 @@ D     base + adapter      off
 Facts live only in the knowledge base, so C and D should score ~0 on value: A - C and
 B - D measure *RAG necessity*; B - A the *adapter's contribution* inside the chain
 (core fields, answer-evidence match: the quote is verbatim in the retrieved context and
-carries the value), and B p95 - A p95 its latency cost. A batch without a trained adapter
-runs A and C only.
+carries the value). A batch without a trained adapter runs A and C only.
+
+Latency as a user of ``clap serve`` meets it: with each rag model loaded (A, then B), a fixed,
+seeded sample of the cases (params ``replay.latency``) is answered one request at a time
+(``Chain.answer([q], rag=True, batch_size=1)``, as serving does) after a few uncounted warm-up
+requests; each request's wall clock (retrieval + prompt + generation + parse) is its latency.
+``A_/B_request_p50_ms`` and ``_p95_ms`` and the adapter's cost (B request p95 - A request p95)
+are what the gate reads; the batched conditions' apportioned latency and throughput (items/s)
+are reported only, as diagnostics.
 
 Replay measures; it does not decide. Its numbers (``metrics/replay/<b>.json``) are read by
 the gate stage, which runs after it: the chain checks (:func:`clap.judge.gating.chain_checks`,
@@ -26,14 +33,17 @@ release policy re-runs the gate, never these generations.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from clap.chain.chain import ChainAnswer, ChainParams, build_index, load_chain
+from clap.chain.chain import Chain, ChainAnswer, ChainParams, build_index, load_chain
+from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import SCORED_COLUMNS
 from clap.task.prompt import CORE_FIELDS
@@ -65,10 +75,86 @@ TIMING_COLUMNS = [
     "batch_size",
     "batch_index",
 ]
+REQUEST_COLUMNS = [
+    "condition",
+    "request",
+    "item_id",
+    "retrieval_ms",
+    "generation_ms",
+    "request_ms",
+    "new_tokens",
+    "batch_size",
+]
 PLOT_METRICS = ("value_accuracy", "core_accuracy", "answer_evidence_rate", "retrieval_hit_rate")
 
 
+@dataclasses.dataclass(frozen=True)
+class LatencyParams:
+    """Params ``replay.latency``: the per-request latency sample of the RAG conditions (A, B)."""
+
+    requests: int
+    warmup: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.warmup < 0:
+            raise ClapError(
+                "replay.latency: requests must be >= 1 and warmup >= 0",
+                file="params.yaml",
+                column="replay.latency",
+                rule="bad_params",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayParams:
+    """Params section ``replay``."""
+
+    latency: LatencyParams
+
+
 # ------------------------------------------------------------------ running the conditions
+
+
+def latency_sample(n_cases: int, p: LatencyParams) -> tuple[list[int], list[int]]:
+    """(measured, warm-up) case positions: a seeded draw of ``p.requests`` cases and ``p.warmup`` others."""
+    if n_cases < p.requests + p.warmup:
+        raise ClapError(
+            f"replay.latency needs {p.requests} + {p.warmup} warm-up cases, the batch has {n_cases} replay cases",
+            file="params.yaml",
+            column="replay.latency",
+            rule="too_few_cases",
+        )
+    order = [int(i) for i in np.random.default_rng(p.seed).permutation(n_cases)]
+    return order[: p.requests], order[p.requests : p.requests + p.warmup]
+
+
+def time_requests(cond: str, chain: Chain, items: pd.DataFrame, p: LatencyParams) -> pd.DataFrame:
+    """Per-request latency of one RAG condition: the sample answered one request at a time, as
+    ``clap serve`` answers, after the uncounted warm-up requests (wall clock of the whole chain)."""
+    measured, warmup = latency_sample(len(items), p)
+    questions, ids = list(items["question"]), list(items["item_id"])
+    for i in warmup:
+        chain.answer([questions[i]], rag=True, batch_size=1)
+    rows = []
+    for k, i in enumerate(measured):
+        start = time.perf_counter()
+        (a,) = chain.answer([questions[i]], rag=True, batch_size=1)
+        request_ms = (time.perf_counter() - start) * 1000.0
+        g = a.generation
+        rows.append(
+            (
+                cond,
+                k,
+                ids[i],
+                a.retrieved.retrieval_ms,
+                g.batch_wall_ms,
+                request_ms,
+                g.new_tokens,
+                g.batch_size,
+            )
+        )
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
 def run_conditions(
@@ -78,21 +164,29 @@ def run_conditions(
     adapter_dir: Any | None,
     cp: ChainParams,
     p: EvalParams,
-) -> dict[str, list[ChainAnswer]]:
-    """Answer every case under A and C (base) and, with an adapter, B and D; one index for all."""
+    lp: LatencyParams,
+) -> tuple[dict[str, list[ChainAnswer]], pd.DataFrame]:
+    """Answer every case under A and C (base) and, with an adapter, B and D; one index for all.
+
+    Returns the answers per condition and the per-request timings of A (and B), measured while
+    the condition's model is loaded (:func:`time_requests`)."""
     if items.empty:
-        return {}
+        return {}, pd.DataFrame(columns=REQUEST_COLUMNS)
+    latency_sample(len(items), lp)  # too few cases for the sample: loud before any model loads
     index = build_index(kb, cp)
     questions = list(items["question"])
     models = {"base": None} if adapter_dir is None else {"base": None, "adapter": adapter_dir}
     out: dict[str, list[ChainAnswer]] = {}
+    requests = []
     for model, adapter in models.items():
         chain = load_chain(base_dir, adapter, index, cp)
         for cond, (m, rag) in CONDITIONS.items():
             if m == model:
                 out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size)
+                if rag:
+                    requests.append(time_requests(cond, chain, items, lp))
         del chain  # free the weights before the next model loads
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items())), pd.concat(requests, ignore_index=True)
 
 
 def case_rows(
@@ -143,7 +237,8 @@ def score_conditions(
 
 
 def condition_metrics(cases: pd.DataFrame, timings: pd.DataFrame) -> dict[str, float]:
-    """Rates and latency of one condition's cases."""
+    """Rates, apportioned latency and batch throughput of one condition's cases (diagnostics)."""
+    wall_s = float(timings.drop_duplicates("batch_index")["batch_wall_ms"].sum()) / 1000.0
     return {
         "value_accuracy": float(cases["value_correct"].mean()),
         "core_accuracy": float(cases["core_correct"].mean()),
@@ -155,6 +250,17 @@ def condition_metrics(cases: pd.DataFrame, timings: pd.DataFrame) -> dict[str, f
         "hallucination_rate": float(cases["hallucination"].mean()),
         "p50_latency_ms": float(np.percentile(timings["latency_ms"], 50)),
         "p95_latency_ms": float(np.percentile(timings["latency_ms"], 95)),
+        "items_per_s": len(timings) / wall_s if wall_s > 0 else 0.0,
+    }
+
+
+def request_metrics(requests: pd.DataFrame) -> dict[str, float]:
+    """Per-request latency of one RAG condition: how many requests, p50 and p95 (ms)."""
+    ms = requests["request_ms"]
+    return {
+        "requests": int(len(ms)),
+        "request_p50_ms": float(np.percentile(ms, 50)),
+        "request_p95_ms": float(np.percentile(ms, 95)),
     }
 
 
@@ -175,16 +281,17 @@ def _deltas(m: Mapping[str, Any]) -> dict[str, float]:
             ):
                 out[f"{name}_{short}"] = m[f"{x}_{key}"] - m[f"{y}_{key}"]
     if m.get("A_run") and m.get("B_run"):
-        out["adapter_latency_cost_ms"] = m["B_p95_latency_ms"] - m["A_p95_latency_ms"]
+        out["adapter_request_latency_cost_ms"] = m["B_request_p95_ms"] - m["A_request_p95_ms"]
     return out
 
 
 def replay_metrics(
-    cases: pd.DataFrame, timings: pd.DataFrame, n_cases: int, has_adapter: bool
+    cases: pd.DataFrame, timings: pd.DataFrame, requests: pd.DataFrame, n_cases: int, has_adapter: bool
 ) -> dict[str, Any]:
-    """Flat ``<condition>_<metric>`` numbers, ``<condition>_run`` flags and the A-D deltas."""
+    """Flat ``<condition>_<metric>`` numbers, ``<condition>_run`` flags, the RAG conditions'
+    per-request latency (``<condition>_request_*``) and the A-D deltas."""
     out: dict[str, Any] = {"n_cases": n_cases, "has_adapter": int(has_adapter)}
-    for cond in CONDITIONS:
+    for cond, (_, rag) in CONDITIONS.items():
         rows = cases[cases["condition"] == cond]
         out[f"{cond}_run"] = int(len(rows) > 0)
         if len(rows):
@@ -194,6 +301,15 @@ def replay_metrics(
                     for k, v in condition_metrics(rows, timings[timings["condition"] == cond]).items()
                 }
             )
+            if rag:
+                timed = requests[requests["condition"] == cond]
+                if timed.empty:
+                    raise ClapError(
+                        f"replay condition {cond} ran without its per-request latency sample",
+                        column=f"{cond}_request_p95_ms",
+                        rule="missing_timings",
+                    )
+                out.update({f"{cond}_{k}": v for k, v in request_metrics(timed).items()})
     out.update(_deltas(out))
     return {k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -217,15 +333,15 @@ def _cell(m: Mapping[str, Any], cond: str, key: str, fmt: str) -> str:
 
 
 def render_report(batch: str, m: Mapping[str, Any]) -> str:
-    """The replay report: the ABCD table, RAG necessity and the adapter's contribution."""
+    """The replay report: the ABCD table, per-request latency, RAG necessity and the adapter's contribution."""
     lines = [
         f"# Replay {batch}: the application chain under four conditions",
         "",
-        f"{m['n_cases']} replay cases through the application chain (retrieval -> prompt -> generation -> parsing); "
-        "latency = retrieval + the case's share of its batched generation.",
+        f"{m['n_cases']} replay cases through the application chain (retrieval -> prompt -> generation -> parsing), "
+        "each condition's cases generated in batches.",
         "",
-        "| condition | model | RAG | value acc. | core-field acc. | answer-evidence | retrieval hit | parse rate | p95 latency (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| condition | model | RAG | value acc. | core-field acc. | answer-evidence | retrieval hit | parse rate |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cond, (model, rag) in CONDITIONS.items():
         cells = [
@@ -240,20 +356,60 @@ def render_report(batch: str, m: Mapping[str, Any]) -> str:
                 "parse_rate",
             )
         ]
-        lines.append(
-            f"| {cond} | {model} | {'on' if rag else 'off'} | "
-            + " | ".join(cells)
-            + f" | {_cell(m, cond, 'p95_latency_ms', '.0f')} |"
-        )
+        lines.append(f"| {cond} | {model} | {'on' if rag else 'off'} | " + " | ".join(cells) + " |")
     lines += [
         "",
         *_delta_lines(m),
         "",
+        *_latency_lines(m),
+        "",
         f"The gate decides on these numbers (policy `gate.chain`: B not worse than A, a value floor for B, the adapter's "
-        f"latency cost): see its `chain_*` checks in `reports/gate/{batch}/report.md`.",
+        f"per-request latency cost; `gate.max_p95_latency_ms` bounds B's per-request p95): see its checks in "
+        f"`reports/gate/{batch}/report.md`.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _latency_lines(m: Mapping[str, Any]) -> list[str]:
+    """Per-request latency (what the gate reads) and the batched diagnostics (reported only)."""
+    rag = [c for c, (_, on) in CONDITIONS.items() if on and m.get(f"{c}_run")]
+    out = ["## Latency", ""]
+    if rag:
+        out += [
+            f"Per request, as `clap serve` answers: {m[f'{rag[0]}_requests']} sampled cases sent one at a time "
+            "(`replay.latency`, after uncounted warm-up requests); wall clock of retrieval + prompt + generation + parse.",
+            "",
+            "| condition | requests | p50 (ms) | p95 (ms) |",
+            "|---|---|---|---|",
+            *[
+                f"| {c} | {m[f'{c}_requests']} | {m[f'{c}_request_p50_ms']:.0f} | {m[f'{c}_request_p95_ms']:.0f} |"
+                for c in rag
+            ],
+        ]
+        if "adapter_request_latency_cost_ms" in m:
+            out += [
+                "",
+                f"Adapter latency cost (B p95 − A p95, per request): {m['adapter_request_latency_cost_ms']:+.0f} ms.",
+            ]
+        out.append("")
+    ran = [c for c in CONDITIONS if m.get(f"{c}_run")]
+    out += (
+        [
+            "Diagnostics of the batched runs above (reported only, never gated): throughput and each case's share of "
+            "its batch's wall time (apportioned by new tokens).",
+            "",
+            "| condition | items/s | apportioned p50 (ms) | apportioned p95 (ms) |",
+            "|---|---|---|---|",
+            *[
+                f"| {c} | {m[f'{c}_items_per_s']:.2f} | {m[f'{c}_p50_latency_ms']:.0f} | {m[f'{c}_p95_latency_ms']:.0f} |"
+                for c in ran
+            ],
+        ]
+        if ran
+        else ["No condition ran: no latency measured."]
+    )
+    return out
 
 
 def _delta_lines(m: Mapping[str, Any]) -> list[str]:
@@ -270,6 +426,6 @@ def _delta_lines(m: Mapping[str, Any]) -> list[str]:
     if "adapter_contribution_core" in m:
         out.append(
             f"- Adapter contribution (B − A): value {m['adapter_contribution_value']:+.3f}, core {m['adapter_contribution_core']:+.3f}, "
-            f"answer-evidence {m['adapter_contribution_evidence']:+.3f}; latency cost (B p95 − A p95) {m['adapter_latency_cost_ms']:+.0f} ms"
+            f"answer-evidence {m['adapter_contribution_evidence']:+.3f}"
         )
     return out or ["- No condition pair ran: nothing to compare."]

@@ -1,7 +1,10 @@
 """The cross-batch summary (CLAP's table): base -> candidate per batch, the mean, and the
 batches that regressed, flagged even when the mean improved; per batch the training health
 (detector alarm), the offline decision (held-out eval, training, admission) and the release
-decision (the gate with its application-chain checks)."""
+decision (the gate with its application-chain checks). The plot data (:func:`plot_frame`) has
+per batch the two deltas a decision rests on: the offline pass-rate delta against the gate's
+baseline and the chain's value delta (replay's adapter contribution, B - A), each with the
+batch's decision."""
 
 from __future__ import annotations
 
@@ -54,9 +57,11 @@ def _record(metrics_dir: Path, stage: str, batch: str) -> tuple[dict[str, Any], 
 
 
 def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str, Any]:
-    """One batch: training health, offline and release decision and, per metric, base, candidate and delta (None without a candidate)."""
-    (ev, eval_path), (gate, gate_path), (train, train_path) = (
-        _record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train")
+    """One batch: training health, offline and release decision, per metric base, candidate and
+    delta (None without a candidate), the gate's paired pass-rate delta against its baseline and
+    the replay's value delta B - A (None where not measured)."""
+    (ev, eval_path), (gate, gate_path), (train, train_path), (replay, replay_path) = (
+        _record(Path(metrics_dir), stage, batch) for stage in ("eval", "gate", "train", "replay")
     )
     row: dict[str, Any] = {
         "batch": batch,
@@ -75,6 +80,15 @@ def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str
             {f"base_{m}": base, f"candidate_{m}": cand, f"delta_{m}": None if cand is None else cand - base}
         )
     row["regressed"] = is_regressed(row, p)
+    if row["has_candidate"]:
+        row["gate_baseline"] = _get(gate, "baseline", gate_path)
+        row["offline_pass_rate_delta"] = float(_get(gate, "delta", gate_path))
+    else:
+        row["gate_baseline"], row["offline_pass_rate_delta"] = "", None
+    chain_ran = _get(replay, "A_run", replay_path) and _get(replay, "B_run", replay_path)
+    row["chain_value_delta"] = (
+        float(_get(replay, "adapter_contribution_value", replay_path)) if chain_ran else None
+    )
     return row
 
 
@@ -163,14 +177,30 @@ def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: Sum
     return "\n".join(lines) + "\n"
 
 
-def plot_frame(rows: Sequence[dict[str, Any]], p: SummaryParams) -> pd.DataFrame:
-    """Per-batch deltas (columns ``<metric>_delta``) for a `dvc plots` bar chart; no candidate: 0, flagged."""
-    data = [
-        {
-            "batch": r["batch"],
-            "has_candidate": int(r["has_candidate"]),
-            **{f"{m}_delta": round(r[f"delta_{m}"] or 0.0, 6) for m in p.metrics},
-        }
-        for r in rows
-    ]
-    return pd.DataFrame(data, columns=["batch", "has_candidate", *[f"{m}_delta" for m in p.metrics]])
+PLOT_COLUMNS = ["batch", "kind", "delta", "decision", "offline_decision", "series"]
+
+
+def plot_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """`dvc plots` data: a row per batch x delta (``offline_pass_rate``: the gate's paired pass-rate
+    delta against its baseline; ``chain_value``: replay's value accuracy B - A), each with the
+    batch's decisions; ``series`` (the bar label) names the batch, the delta and the decision. A
+    batch without a candidate gets one ``no_candidate`` row at 0 so it still shows."""
+    data = []
+    for r in rows:
+        deltas = [
+            ("offline_pass_rate", f"offline pass rate vs {r['gate_baseline']}", r["offline_pass_rate_delta"]),
+            ("chain_value", "chain value B - A", r["chain_value_delta"]),
+        ]
+        present = [d for d in deltas if d[2] is not None] or [("no_candidate", "no candidate", 0.0)]
+        data += [
+            (
+                r["batch"],
+                kind,
+                round(value, 6),
+                r["decision"],
+                r["offline_decision"],
+                f"{r['batch']} {label}: {r['decision']}",
+            )
+            for kind, label, value in present
+        ]
+    return pd.DataFrame(data, columns=PLOT_COLUMNS)

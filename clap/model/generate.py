@@ -97,7 +97,10 @@ def _buffered_cache(prefix: Any, rows: int, capacity: int) -> Any:
             n = self._n + key_states.shape[-2]
             if n > self._k.shape[2]:  # forced-token chunks carry padding: grow (rare) instead of overflowing
                 grow = (0, 0, 0, max(n, 2 * self._k.shape[2]) - self._k.shape[2])
-                self._k, self._v = torch.nn.functional.pad(self._k, grow), torch.nn.functional.pad(self._v, grow)
+                self._k, self._v = (
+                    torch.nn.functional.pad(self._k, grow),
+                    torch.nn.functional.pad(self._v, grow),
+                )
             self._k[:, :, self._n : n] = key_states
             self._v[:, :, self._n : n] = value_states
             self._n = n
@@ -198,7 +201,11 @@ def _greedy(
         positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding repeats the row's last position
         last = last + lengths
         out = model(
-            input_ids=chunk.to(device), attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            input_ids=chunk.to(device),
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
         )
         if step == 1:
             logits = out.logits[:, -1]

@@ -93,7 +93,13 @@ def answer_json_schema(
         raise ValueError(f"no unit for metrics {missing}")
     return {
         "anyOf": [
-            obj({**props, "metric": {"type": "string", "const": m}, "unit": {"type": "string", "const": units[m]}})
+            obj(
+                {
+                    **props,
+                    "metric": {"type": "string", "const": m},
+                    "unit": {"type": "string", "const": units[m]},
+                }
+            )
             for m in metrics
         ]
     }

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from clap.errors import ClapError
-from clap.judge.replay import CASE_COLUMNS, CONDITIONS, TIMING_COLUMNS
+from clap.judge.replay import CASE_COLUMNS, CONDITIONS, REQUEST_COLUMNS, TIMING_COLUMNS
 from clap.task.prompt import ANSWER_FIELDS
 from schemas.normalized import validate_frame
-from schemas.replay import ReplayCases, ReplayPlot, ReplayTimings
+from schemas.replay import ReplayCases, ReplayPlot, ReplayRequests, ReplayTimings
 
 
 def case(cond: str, pos: int) -> dict:
@@ -107,3 +107,29 @@ def test_bad_timings_and_plot_fail():
             ),
             "plot.csv",
         )
+
+
+def requests() -> pd.DataFrame:
+    rows = [(c, k, f"R-{k}", 0.5, 300.0 + k, 301.0 + k, 20, 1) for c in "AB" for k in (0, 1)]
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+BAD_REQUESTS = [
+    (_set("condition", 0, "C"), "isin"),  # no-RAG conditions are not timed per request
+    (_set("batch_size", 0, 4), "isin"),  # a batched answer is not a single request
+    (_set("request", 1, 0), "one_row_per_request_and_condition"),
+    (_set("item_id", 1, "R-0"), "one_row_per_request_and_condition"),
+    (_set("request_ms", 0, 200.0), "request_covers_retrieval_and_generation"),
+    (_set("request_ms", 0, 0.0), "greater_than"),
+]
+
+
+def test_good_requests_pass():
+    assert len(validate_frame(ReplayRequests, requests(), "request_timings.parquet")) == 4
+
+
+@pytest.mark.parametrize("mutate, rule", BAD_REQUESTS)
+def test_bad_requests_fail_their_rule(mutate, rule):
+    with pytest.raises(ClapError) as e:
+        validate_frame(ReplayRequests, mutate(requests()), "request_timings.parquet")
+    assert rule in str(e.value)

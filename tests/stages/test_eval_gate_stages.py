@@ -71,7 +71,13 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         "n_cases": 3,
         "A_run": 1,
         "B_run": 1,
-        "adapter_latency_cost_ms": 40.0,
+        "A_requests": 8,
+        "B_requests": 8,
+        "A_request_p50_ms": 300.0,
+        "A_request_p95_ms": 400.0,
+        "B_request_p50_ms": 330.0,
+        "B_request_p95_ms": 440.0,
+        "adapter_request_latency_cost_ms": 40.0,
         "cases_sha256": "c" * 64,
         **{
             f"{c}_{k}": v
@@ -105,6 +111,11 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert evidence["datasets_sha256"]["eval.parquet"] == io.sha256_file(admitted / "eval.parquet")
     assert set(evidence["params"]) >= {"gate", "scoring", "eval"} and evidence["git_commit"]
     assert evidence["replay"] == chain  # the replay's metrics and record: the hashes stay in the evidence
+    # latency is gated on the replay's per-request p95 of B, not on eval's apportioned timings
+    assert (
+        decision["request_p95_latency_ms"] == 440.0 and decision["check_request_p95_latency_ms"] == "promote"
+    )
+    assert "p95_latency_ms" not in decision and "check_p95_latency_ms" not in decision
     gate_record = io.read_json(tmp_path / "records" / "gate" / f"{batch}.json")
     assert {"torch_version", "train_seed", "train_determinism"} <= set(gate_record)
     for kind in ("eval", "gate"):  # what a reviewer compares: no hash or version strings
@@ -116,6 +127,21 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         eval_dir / "items.parquet"
     )
     assert "**REJECT**" in (report / "report.md").read_text()
+
+    no_request_latency = {k: v for k, v in chain.items() if k != "B_request_p95_ms"}
+    io.write_metrics_and_record(tmp_path / "replay-old.json", None, no_request_latency)
+    loud = stage(
+        "gate",
+        eval_dir,
+        tmp_path / "train.json",
+        tmp_path / "admit.json",
+        tmp_path / "replay-old.json",
+        tmp_path / "loud-report",
+        tmp_path / "loud.json",
+    )
+    assert (
+        loud.returncode == 2 and "B_request_p95_ms" in loud.stderr and not (tmp_path / "loud.json").exists()
+    )
 
     broken = stage(
         "gate",
@@ -133,10 +159,11 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         metrics / "train" / f"{batch}.json",
         {"health": "ok", "detector_alarm_step": -1, "alarm_fraction": -1.0},
     )
+    io.write_json(metrics / "replay" / f"{batch}.json", {**chain, "adapter_contribution_value": 0.0})
     for other in params.raw_section(
         "batches", ROOT / "params.yaml"
     ):  # the summary covers every configured batch
-        for kind in ("eval", "gate", "train"):
+        for kind in ("eval", "gate", "train", "replay"):
             if other != batch:
                 shutil.copy(metrics / kind / f"{batch}.json", metrics / kind / f"{other}.json")
     out = stage(
@@ -146,4 +173,5 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert io.read_json(tmp_path / "summary.json")["decisions_reject"] == len(
         params.raw_section("batches", ROOT / "params.yaml")
     )
-    assert "overall_delta" in pd.read_csv(tmp_path / "summary.csv").columns
+    plot = pd.read_csv(tmp_path / "summary.csv")
+    assert set(plot["kind"]) == {"offline_pass_rate", "chain_value"} and set(plot["decision"]) == {"reject"}

@@ -25,7 +25,7 @@ from clap.judge.gating import (
     render_report,
     run_gate,
 )
-from clap.judge.scored import SCORED_COLUMNS, TIMING_COLUMNS
+from clap.judge.scored import SCORED_COLUMNS
 from clap.judge.stats import rule_mde, rule_power, rule_required_pairs
 
 HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
@@ -65,10 +65,10 @@ OK_TRAIN, ADMITTED = {"trained": 1, "health": "ok", **MASKED}, {"admitted": 1}
 SHA = {"candidate": "c" * 64, "incumbent": "i" * 64}
 
 
-def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0, latency_ms: float = 100.0):
-    """Scored and timing frames for models with the given pass vectors (same items, same order)."""
+def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0):
+    """Scored frame and eval manifest for models with the given pass vectors (same items, same order)."""
     n = len(next(iter(passes.values())))
-    rows, times = [], []
+    rows = []
     for role, ok in passes.items():
         failed = [i for i, good in enumerate(ok) if not good]
         bad_value = {i: k for k, i in enumerate(failed)} if role == "candidate" else {}  # rank among failures
@@ -90,7 +90,6 @@ def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0, la
             )
             row["pass"] = good
             rows.append(row)
-            times.append((role, f"e{i:03d}", latency_ms, latency_ms * 4, 4, i // 4))
     meta_models = [
         {
             "role": r,
@@ -107,7 +106,7 @@ def frames(passes: dict[str, list[bool]], *, halluc: int = 0, wrong: int = 0, la
         "base_sha256": "b" * 64,
         "n_items": n,
     }
-    return pd.DataFrame(rows, columns=SCORED_COLUMNS), pd.DataFrame(times, columns=TIMING_COLUMNS), meta
+    return pd.DataFrame(rows, columns=SCORED_COLUMNS), meta
 
 
 def vectors(n: int, wins: int, losses: int, base_right: int) -> tuple[list[bool], list[bool]]:
@@ -120,9 +119,9 @@ def vectors(n: int, wins: int, losses: int, base_right: int) -> tuple[list[bool]
     return cand.tolist(), base.tolist()
 
 
-def gate(passes, train=OK_TRAIN, admit=ADMITTED, p=P, **kw):
-    scored, timings, meta = frames(passes, **kw)
-    return run_gate(scored, timings, meta, train, admit, p)
+def gate(passes, train=OK_TRAIN, admit=ADMITTED, p=P, replay=None, **kw):
+    scored, meta = frames(passes, **kw)
+    return run_gate(scored, meta, train, admit, p, replay=_chain() if replay is None else replay)
 
 
 def test_clear_gain_with_low_risk_promotes():
@@ -146,9 +145,9 @@ def test_incumbent_is_the_baseline_when_in_production():
 
 def test_candidate_that_is_the_incumbent_is_compared_with_base_and_says_so():
     cand, base = vectors(60, wins=20, losses=1, base_right=10)
-    scored, timings, meta = frames({"base": base, "candidate": cand})
+    scored, meta = frames({"base": base, "candidate": cand})
     meta["production"] = {"role": "incumbent", "batch": "2026-02", "adapter_sha256": SHA["candidate"]}
-    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
     assert r.numbers["baseline"] == "base" and "IS the production adapter" in r.numbers["baseline_reason"]
 
 
@@ -179,8 +178,13 @@ def test_risk_near_bound_canaries_and_over_bound_rejects():
     assert noise.numbers["hallucination_rate_lcb"] == pytest.approx(0.0264, abs=1e-4)
     over = gate({"base": base, "candidate": cand}, halluc=12)  # lower bound 7.1 % > 5 %
     assert (over.decision, over.rule) == ("reject", "hallucination_rate")
-    slow = gate({"base": base, "candidate": cand}, latency_ms=6000.0)
-    assert (slow.decision, slow.rule) == ("reject", "p95_latency_ms")
+    slow = gate({"base": base, "candidate": cand}, replay=_chain(b_p95=6000.0))  # per request, replay B
+    assert (slow.decision, slow.rule) == ("reject", "request_p95_latency_ms")
+    assert slow.numbers["request_p95_latency_ms"] == 6000.0 and slow.numbers["latency_requests"] == 8
+    near_slow = gate(
+        {"base": base, "candidate": cand}, replay=_chain(b_p95=4500.0)
+    )  # 0.9 x the 5000 ms bound
+    assert (near_slow.decision, near_slow.rule) == ("canary", "request_p95_latency_ms")
 
 
 def test_regressions_are_counted_bounded_and_sliced():
@@ -192,7 +196,7 @@ def test_regressions_are_counted_bounded_and_sliced():
         == "reject"
     )  # 20 %: LCB 13.7 %
     ev = evidence_bundle(
-        r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {"gate": {"alpha": 0.05}}, P
+        r, "2026-02", frames({"base": base, "candidate": cand})[1], "f" * 64, {"gate": {"alpha": 0.05}}, P
     )
     assert ev["regressed"]["item_ids"] == [f"e{i:03d}" for i in range(12)]
     assert ev["regressed"]["by_slice"]["metric"] == {"oee": 6, "scrap_rate": 6}
@@ -264,7 +268,7 @@ def test_not_admitted_or_not_trained_rejects():
         "loss_masking",
         "candidate",
     }
-    ev = evidence_bundle(r, "2026-03", frames({"base": base})[2], "f" * 64, {}, P)
+    ev = evidence_bundle(r, "2026-03", frames({"base": base})[1], "f" * 64, {}, P)
     assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
     assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"
 
@@ -279,9 +283,9 @@ def test_missing_or_unknown_inputs_are_loud():
         gate({"base": base, "candidate": cand}, train={"trained": 1})
     with pytest.raises(ClapError, match="no entry"):
         gate({"base": base, "candidate": cand}, train={"trained": 1, "health": "weird"})
-    scored, timings, meta = frames({"base": base, "candidate": cand})
+    scored, meta = frames({"base": base, "candidate": cand})
     with pytest.raises(ClapError, match="pair"):
-        run_gate(scored.iloc[:-1], timings, meta, OK_TRAIN, ADMITTED, P)
+        run_gate(scored.iloc[:-1], meta, OK_TRAIN, ADMITTED, P, replay=_chain())
 
 
 def test_bound_check_edges():
@@ -298,7 +302,7 @@ def test_flat_metrics_and_report():
     flat = flat_metrics(r)
     assert flat["decision_code"] == DECISION_CODE[flat["decision"]] and flat["check_quality"] == "promote"
     assert all(isinstance(v, (int, float, str, bool)) for v in flat.values())  # flat: DVC drops lists
-    ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[2], "f" * 64, {}, P)
+    ev = evidence_bundle(r, "2026-02", frames({"base": base, "candidate": cand})[1], "f" * 64, {}, P)
     md = render_report(ev)
     assert (
         "# Gate 2026-02: **PROMOTE**" in md and "by metric" in md and ev["adapter_sha256"] == SHA["candidate"]
@@ -313,7 +317,19 @@ def test_params_section_loads_and_bad_policy_is_refused():
 
 
 # --- the application-chain checks (metrics/replay under gate.chain) ----------------------------
-def _chain(a_core=0.7, b_core=0.8, a_ev=0.3, b_ev=0.5, a_val=0.8, b_val=0.8, cost=100.0, n=40, adapter=True):
+def _chain(
+    a_core=0.7,
+    b_core=0.8,
+    a_ev=0.3,
+    b_ev=0.5,
+    a_val=0.8,
+    b_val=0.8,
+    cost=100.0,
+    n=40,
+    adapter=True,
+    b_p95=1100.0,
+):
+    """A metrics/replay record as the replay stage writes it (per-request latency: 8 requests per condition)."""
     return {
         "n_cases": n,
         "A_run": int(n > 0),
@@ -324,7 +340,13 @@ def _chain(a_core=0.7, b_core=0.8, a_ev=0.3, b_ev=0.5, a_val=0.8, b_val=0.8, cos
         "B_answer_evidence_rate": b_ev,
         "A_value_accuracy": a_val,
         "B_value_accuracy": b_val,
-        "adapter_latency_cost_ms": cost,
+        "A_requests": 8,
+        "B_requests": 8,
+        "A_request_p50_ms": 800.0,
+        "A_request_p95_ms": b_p95 - cost,
+        "B_request_p50_ms": 900.0,
+        "B_request_p95_ms": b_p95,
+        "adapter_request_latency_cost_ms": cost,
     }
 
 
@@ -367,8 +389,10 @@ def test_chain_checks_cap_the_decision(offline, numbers, expected):
 
 def test_chain_checks_are_part_of_the_gate_and_reported_apart():
     cand, base = vectors(60, wins=20, losses=1, base_right=10)
-    scored, timings, meta = frames({"base": base, "candidate": cand})
-    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P, chain_checks(_chain(b_val=0.7), P.chain))
+    scored, meta = frames({"base": base, "candidate": cand})
+    r = run_gate(
+        scored, meta, OK_TRAIN, ADMITTED, P, chain_checks(_chain(b_val=0.7), P.chain), replay=_chain()
+    )
     flat = flat_metrics(r)
     assert (flat["decision"], flat["rule"], flat["offline_decision"], flat["offline_rule"]) == (
         "hold",
@@ -382,6 +406,10 @@ def test_chain_checks_are_part_of_the_gate_and_reported_apart():
     assert (
         "A base+RAG → B adapter+RAG: value 0.800 → 0.700" in report
         and "without these `chain_*` checks: promote" in report
+    )
+    assert (
+        "8 single requests through the chain" in report
+        and "p95 1000 → 1100 ms (adapter cost +100 ms)" in report
     )
 
 
@@ -397,12 +425,12 @@ def _planted(l7_regresses: bool):
     """200 items: the candidate wins 60 items broadly; the 8 items of line L7 the baseline gets
     right are all lost by the candidate (or, without the plant, kept)."""
     cand, base = vectors(200, wins=60, losses=0, base_right=40)
-    scored, timings, meta = frames({"base": base, "candidate": cand})
+    scored, meta = frames({"base": base, "candidate": cand})
     l7 = scored["position"] < 8  # baseline right on items 0-39, the candidate too (no losses planted yet)
     scored.loc[l7, "line"] = "L7"
     if l7_regresses:
         scored.loc[l7 & (scored["model"] == "candidate"), "pass"] = False
-    return run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+    return run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
 
 
 def test_a_regressed_slice_holds_a_significant_overall_gain_and_is_named():
@@ -415,7 +443,7 @@ def test_a_regressed_slice_holds_a_significant_overall_gain_and_is_named():
     assert (r.decision, r.rule) == ("hold", "slice_regression")
     flat = flat_metrics(r)
     assert flat["check_slice_regression"] == "hold" and flat["slices_regressed"] == 1
-    ev = evidence_bundle(r, "2026-02", frames({"base": [True]})[2], "f" * 64, {}, P)
+    ev = evidence_bundle(r, "2026-02", frames({"base": [True]})[1], "f" * 64, {}, P)
     (bad,) = ev["slices"]["regressed"]
     m = len(ev["slices"]["tests"])
     assert (bad["slice"], bad["value"], bad["b"], bad["c"]) == ("line", "L7", 0, 8)
@@ -431,14 +459,14 @@ def test_a_regressed_slice_holds_a_significant_overall_gain_and_is_named():
 def test_slice_policy_caps_at_its_param_and_needs_the_holm_level():
     softer = dataclasses.replace(P, slices=SlicePolicy(alpha=0.05, regression="canary"))
     cand, base = vectors(200, wins=60, losses=0, base_right=40)
-    scored, timings, meta = frames({"base": base, "candidate": cand})
+    scored, meta = frames({"base": base, "candidate": cand})
     scored.loc[scored["position"] < 8, "line"] = "L7"
     scored.loc[(scored["position"] < 8) & (scored["model"] == "candidate"), "pass"] = False
-    assert run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, softer).decision == "canary"
+    assert run_gate(scored, meta, OK_TRAIN, ADMITTED, softer, replay=_chain()).decision == "canary"
     few = scored["position"] < 4  # 4 losses of 4 items: p = 1/16 raw, not significant after Holm
     scored.loc[(scored["position"] < 8) & ~few, "line"] = "L1"
     scored.loc[(scored["position"] < 8) & ~few & (scored["model"] == "candidate"), "pass"] = True
-    r = run_gate(scored, timings, meta, OK_TRAIN, ADMITTED, P)
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
     assert r.decision == "promote" and r.numbers["slices_regressed"] == 0
     with pytest.raises(ClapError, match="slices"):
         SlicePolicy(alpha=0.05, regression="maybe")
@@ -452,9 +480,38 @@ def test_rule_power_figures_are_reported():
     assert n["rule_power_at_delta_star_observed"] == pytest.approx(rule_power(300, 0.06, 50 / 300, P.rule))
     assert n["rule_mde_planned"] == pytest.approx(rule_mde(300, 0.2, P.rule, 0.8))
     assert n["rule_n_required_planned"] == rule_required_pairs(0.10, 0.2, P.rule, 0.8)
-    md = render_report(evidence_bundle(r, "b", frames({"base": base, "candidate": cand})[2], "f" * 64, {}, P))
+    md = render_report(evidence_bundle(r, "b", frames({"base": base, "candidate": cand})[1], "f" * 64, {}, P))
     assert "approximate" in md and f"{n['rule_power_at_delta_star']:.2f} at N=300" in md
     low = gate({"base": base, "candidate": vectors(300, wins=5, losses=5, base_right=100)[0]})
     assert low.numbers["rule_power_at_delta_star_observed"] == -1.0  # discordance 1/30 < delta*
     with pytest.raises(ClapError, match="planning_delta"):
         dataclasses.replace(P, planning_delta=0.05)
+
+
+def test_latency_is_gated_per_request_from_the_replay_and_a_missing_figure_is_loud():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    r = gate({"base": base, "candidate": cand})
+    check = next(c for c in r.checks if c.name == "request_p95_latency_ms")
+    assert (
+        check.cap == "promote"
+        and "1100 ms vs bound 5000 ms" in check.detail
+        and "8 single requests" in check.detail
+    )
+    assert flat_metrics(r)["check_request_p95_latency_ms"] == "promote"
+    assert not any(c.name == "p95_latency_ms" for c in r.checks)  # eval's apportioned latency is not gated
+    for key in ("B_request_p95_ms", "B_requests"):
+        record = _chain()
+        del record[key]
+        with pytest.raises(ClapError, match=key) as e:
+            gate({"base": base, "candidate": cand}, replay=record)
+        assert e.value.rule == "missing_metric"
+    with pytest.raises(ClapError, match="B_requests must be >= 1"):
+        gate({"base": base, "candidate": cand}, replay={**_chain(), "B_requests": 0})
+    record = _chain()
+    del record["adapter_request_latency_cost_ms"]
+    with pytest.raises(ClapError, match="adapter_request_latency_cost_ms"):
+        chain_checks(record, P.chain)
+    # calibration runs no replay and says so: no latency bound, the rest of the gate unchanged
+    scored, meta = frames({"base": base, "candidate": cand})
+    calib = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=None)
+    assert calib.decision == "promote" and "request_p95_latency_ms" not in {c.name for c in calib.checks}

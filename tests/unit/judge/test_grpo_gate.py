@@ -67,7 +67,6 @@ def test_held_probe_caps_sft_only_when_the_switch_says_so():
     scored = pd.DataFrame({"model": ["base"]})
     result = run_gate(
         scored,
-        pd.DataFrame(),
         {"models": []},
         {
             "health": "ok",
@@ -79,6 +78,7 @@ def test_held_probe_caps_sft_only_when_the_switch_says_so():
         {"admitted": 1},
         gate,
         checks,
+        replay=None,  # no candidate here: no latency check either way
     )
     assert flat_metrics(result)["check_grpo_probe"] == "hold"
 
