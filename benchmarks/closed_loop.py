@@ -227,15 +227,16 @@ def batch_row(scratch: Path, batch: str) -> dict[str, Any]:
             raise LoopError(
                 f"gate {batch} compared against the incumbent but its evidence names no incumbent batch"
             )
-        baseline_name = str(incumbent["batch"])
+        baseline_name, incumbent_sha = str(incumbent["batch"]), incumbent.get("adapter_sha256")
     else:
-        baseline_name = "base"
+        baseline_name, incumbent_sha = "base", None
     evalm = read_json(scratch / "metrics/eval" / f"{batch}.json")
     return {
         "batch": batch,
         "baseline": baseline,
         "baseline_batch": baseline_name,
         "baseline_reason": gate.get("baseline_reason"),
+        "incumbent_sha256": incumbent_sha,
         "evaluated": evaluated,
         "n_items": gate.get("n_items"),
         "baseline_pass_rate": gate.get("baseline_pass_rate"),
@@ -517,8 +518,9 @@ def render(result: dict[str, Any]) -> str:
             else ("held" if r["release_outcome"].startswith("held") else "no")
         )
         sha = (r["released_sha256"] or r["candidate_sha256"] or "")[:12]
+        incumbent = f" (`{r['incumbent_sha256'][:12]}`)" if r["incumbent_sha256"] else ""
         lines.append(
-            f"| {r['batch']} | {r['baseline_batch']} | {_f(r['baseline_pass_rate'], '.3f')} → "
+            f"| {r['batch']} | {r['baseline_batch']}{incumbent} | {_f(r['baseline_pass_rate'], '.3f')} → "
             f"{_f(r['candidate_pass_rate'], '.3f')} | {_f(r['delta'], '+.3f')} | "
             f"{_f(r['b'], 'd')}/{_f(r['c'], 'd')} | {_f(r['pvalue'], '.4g')} | {r['decision']} (`{r['rule']}`) | "
             f"{_f(r['chain_delta'], '+.3f')} ({_f(r['A_value_accuracy'], '.3f')} → {_f(r['B_value_accuracy'], '.3f')}) | "

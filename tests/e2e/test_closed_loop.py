@@ -74,6 +74,7 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     assert [r["baseline_batch"] for r in rows[1:]] == list(BATCHES[:2])
     shas = [r["released_sha256"] for r in rows]
     assert len(set(shas)) == 3  # three different adapters: restoring the previous one is not trivial
+    assert [r["incumbent_sha256"] for r in rows] == [None, *shas[:2]]  # eval loaded the released bytes
 
     rb = result["rollback"]
     assert rb["exercised"] and rb["equal"]

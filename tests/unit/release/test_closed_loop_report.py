@@ -41,6 +41,7 @@ def test_the_baseline_names_the_incumbent_batch(tmp_path):
     _records(tmp_path, "2026-02", GATE, REPLAY, {"batch": "2026-01", "adapter_sha256": "cd" * 32})
     row = loop.batch_row(tmp_path, "2026-02")
     assert (row["baseline_batch"], row["b"], row["c"], row["chain_delta"]) == ("2026-01", 9, 2, 0.25)
+    assert row["incumbent_sha256"] == "cd" * 32
 
 
 @pytest.mark.parametrize(
