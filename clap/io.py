@@ -275,6 +275,7 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "*_device",
     "machine",
     "precision",
+    "decoding",
     "determinism",
     "*_determinism",
     "deterministic_algorithms",

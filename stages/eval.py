@@ -4,10 +4,12 @@ usage: python stages/eval.py data/admitted/<b> models/base models/adapters/<b> r
 
 in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if trained);
      the incumbent adapter models/adapters/<pointer batch> (if releases/production.json names one,
-     sha256-verified); params.yaml `eval`, `chain` (answer budget), `scoring`
+     sha256-verified); params.yaml `eval`, `chain` (answer budget, decoding), `scoring`, `normalize`
+     (the answer space of constrained decoding)
 out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
-     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json, its
-     provenance (items hash, versions, device, threads, incumbent batch) in records/eval/<b>.json
+     manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json (with the
+     free-decoding format diagnostic <role>_free_parse_rate under constrained decoding), its
+     provenance (items hash, versions, device, threads, incumbent batch, decoding) in records/eval/<b>.json
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import time
 from pathlib import Path
 
 from clap import determinism, io, params, stage
+from clap.chain.grounding import answer_space
+from clap.data.normalize import NormalizeParams
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
 from clap.task.scoring import ScoringParams
@@ -35,7 +39,8 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
     incumbent = incumbent_spec(pointer, adapter.parent, base)
     specs = model_specs(adapter, incumbent)
-    scored, timings = evaluate(specs, base, items, kb, ep, sp)
+    space = answer_space(params.section("normalize", NormalizeParams))
+    scored, timings, diagnostics = evaluate(specs, base, items, kb, ep, sp, space)
     scored = validate_frame(EvalItems, scored, str(out_dir / "items.parquet"))
     timings = validate_frame(EvalTimings, timings, str(out_dir / "timings.parquet"))
     with io.atomic_dir(out_dir) as tmp:
@@ -44,6 +49,8 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         io.write_json(tmp / "manifest.json", manifest(specs, incumbent, base, admitted, len(items)))
     metrics = {
         **flat_metrics(scored, timings, specs),
+        **diagnostics,
+        "decoding": ep.decoding,
         **determinism.frame_hashes(out_dir, {"items": scored}),
         **determinism.record(dp, default_device()),
         "torch_threads": torch_threads(),

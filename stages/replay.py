@@ -3,7 +3,8 @@
 usage: python stages/replay.py data/admitted/<b> models/base models/adapters/<b> data/replay/<b> reports/replay/<b> metrics/replay/<b>.json plots/replay/<b>.csv
 
 in:  data/admitted/<b>/{replay,kb}.parquet; models/base; the batch's adapter (if trained);
-     params.yaml `chain`, `eval` (batch size), `scoring`, `replay` (the per-request latency sample)
+     params.yaml `chain`, `eval` (batch size), `scoring`, `replay` (the per-request latency sample),
+     `normalize` (the answer space of constrained decoding)
 out: data/replay/<b>/cases.parquet (scored case x condition, deterministic), timings.parquet (batched,
      apportioned), request_timings.parquet (A and B, one request at a time);
      reports/replay/<b>/report.md (ABCD table, RAG necessity, adapter contribution, latency);
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from clap import io, params, stage
 from clap.chain.chain import ChainParams
+from clap.chain.grounding import answer_space
+from clap.data.normalize import NormalizeParams
 from clap.judge.evaluation import eval_params
 from clap.judge.replay import (
     ReplayParams,
@@ -57,7 +60,8 @@ def run(
     )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
-    answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp)
+    space = answer_space(params.section("normalize", NormalizeParams))
+    answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp, space)
     cases, timings = score_conditions(items, answers, sp)
     cases = validate_frame(ReplayCases, cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
@@ -81,6 +85,7 @@ def run(
         **identity,
         "wall_s": round(time.perf_counter() - started, 3),
         "device": default_device(),
+        "decoding": cp.decoding,
     }
     io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics

@@ -6,7 +6,9 @@ batch's knowledge base (:mod:`clap.chain.retrieval`), the one prompt builder
 (:func:`clap.task.prompt.build_messages`, the same as training and eval), greedy generation with
 the base model or base + adapter (:func:`clap.model.generate.generate_batched`) and the answer
 parser of :mod:`clap.task.scoring`. With ``rag=False`` the prompt has no documents
-(``build_messages(question, None)``): the no-RAG conditions of the replay.
+(``build_messages(question, None)``): the no-RAG conditions of the replay. Under
+``chain.decoding: constrained`` every answer is decoded inside its request's answer schema
+(:mod:`clap.chain.grounding`), for the base model and an adapter alike.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding
 from clap.chain.retrieval import KBIndex, RetrievalParams
 from clap.errors import ClapError
 from clap.model.generate import Generation, generate_batched
@@ -32,9 +35,11 @@ class ChainParams:
 
     top_k: int
     max_new_tokens: int
+    decoding: str
     retrieval: RetrievalParams
 
     def __post_init__(self) -> None:
+        check_decoding(self.decoding, "chain.decoding")
         if self.top_k < 1 or self.max_new_tokens < 1:
             raise ClapError(
                 "chain: top_k and max_new_tokens must be >= 1",
@@ -94,10 +99,20 @@ class Chain:
         tokenizer: its tokenizer with left padding (:func:`clap.model.base.load_tokenizer`).
         index: the knowledge base index, or None for a chain that never retrieves.
         p: chain params.
+        space: the answer space (params ``normalize``); required when ``p.decoding`` is constrained.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams):
+    def __init__(
+        self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams, space: AnswerSpace | None
+    ):
         self.model, self.tokenizer, self.index, self.p = model, tokenizer, index, p
+        self.constrainer = None
+        if p.decoding == "constrained":
+            if space is None:
+                raise ClapError(
+                    "chain.decoding is constrained but no answer space was given", rule="bad_params"
+                )
+            self.constrainer = Constrainer(space, model, tokenizer)
 
     def retrieve(self, question: str) -> Retrieved:
         """The top-k documents for ``question`` from the index."""
@@ -129,6 +144,9 @@ class Chain:
             batch_size=batch_size,
             max_new_tokens=self.p.max_new_tokens,
             desc=f"chain {'rag' if rag else 'no-rag'}",
+            constraint=self.constrainer([r.docs if rag else None for r in retrieved])
+            if self.constrainer
+            else None,
         )
         return [
             ChainAnswer(q, rag, r, context_text(list(r.docs)), g, parse_answer(g.text))
@@ -137,12 +155,17 @@ class Chain:
 
 
 def load_chain(
-    base_dir: Path | str, adapter_dir: Path | str | None, index: KBIndex | None, p: ChainParams
+    base_dir: Path | str,
+    adapter_dir: Path | str | None,
+    index: KBIndex | None,
+    p: ChainParams,
+    space: AnswerSpace | None,
 ) -> Chain:
     """A chain with the base model (``adapter_dir=None``) or base + adapter, over ``index``."""
     from clap.model.base import load_model, load_tokenizer
 
-    return Chain(load_model(base_dir, adapter_dir), load_tokenizer(base_dir, padding_side="left"), index, p)
+    model, tok = load_model(base_dir, adapter_dir), load_tokenizer(base_dir, padding_side="left")
+    return Chain(model, tok, index, p, space)
 
 
 def build_index(kb: pd.DataFrame, p: ChainParams) -> KBIndex:

@@ -27,6 +27,8 @@ from typing import Annotated, Any
 
 from clap import io, params
 from clap.chain.chain import Chain, ChainParams, build_index, load_chain
+from clap.chain.grounding import answer_space
+from clap.data.normalize import NormalizeParams
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.release.registry import verify_pointer
@@ -168,11 +170,13 @@ def _unreleased(root: Path, p: ServeParams, base: str) -> Served:
 
 
 def load_service(root: Path | str, p: ServeParams, cp: ChainParams) -> tuple[Chain, Served]:
-    """Resolve and verify the release, then load its chain (model + knowledge base index)."""
+    """Resolve and verify the release, then load its chain (model + knowledge base index), decoding
+    as ``chain.decoding`` says with the answer space of the project's params ``normalize``."""
     root = Path(root)
     served, adapter_dir = resolve_release(root, p)
     kb = io.read_parquet(root / ADMITTED / served.kb_batch / "kb.parquet")
-    return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp), served
+    space = answer_space(params.section("normalize", NormalizeParams, root / "params.yaml"))
+    return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp, space), served
 
 
 def _error_text(errors: list[dict[str, Any]]) -> str:

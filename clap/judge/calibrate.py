@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from clap import io
+from clap.chain.grounding import answer_space
 from clap.data.admission import AdmitParams, reason, training_data_checks
 from clap.data.normalize import NormalizeParams, build_vocab
 from clap.errors import ClapError
@@ -256,7 +257,9 @@ def gate_run(
     specs = [ModelSpec("base", None, "", "")] + ([cand] if cand else [])
     scored = base_eval[0]  # eval's timings are diagnostics: the gate bounds per-request latency (replay)
     if cand is not None:
-        c_scored, _ = evaluate([cand], base_dir, items, kb, lp.eval, lp.scoring)
+        c_scored, _, _ = evaluate(
+            [cand], base_dir, items, kb, lp.eval, lp.scoring, answer_space(lp.normalize)
+        )
         scored = pd.concat([scored, c_scored], ignore_index=True)
     meta = {"models": [dataclasses.asdict(s) for s in specs], "production": {}}
     # no replay here: the per-request latency bound (measured by replay) is not part of calibration
@@ -387,7 +390,13 @@ def calibrate(
         )
     items, kb = io.read_parquet(admitted_dir / "eval.parquet"), io.read_parquet(admitted_dir / "kb.parquet")
     base_eval = evaluate(
-        [ModelSpec("base", None, "", "")], base_dir, items, kb, lp.eval, lp.scoring
+        [ModelSpec("base", None, "", "")],
+        base_dir,
+        items,
+        kb,
+        lp.eval,
+        lp.scoring,
+        answer_space(lp.normalize),
     )  # the same for every run
     rows, curves = [], {}
     for variant in plan(cp):

@@ -21,6 +21,7 @@ import pandas as pd
 
 from clap import io, params
 from clap.chain.chain import ChainParams
+from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding
 from clap.errors import ClapError
 from clap.judge.scored import ROLES, SCORED_COLUMNS, TIMING_COLUMNS
 from clap.model.base import ADAPTER_FILE, base_sha256
@@ -39,8 +40,18 @@ class EvalParams:
 
     batch_size: int
     max_new_tokens: int
+    decoding: str
+    free_diagnostic_items: int
 
     def __post_init__(self) -> None:
+        check_decoding(self.decoding, "chain.decoding")
+        if self.free_diagnostic_items < 0:
+            raise ClapError(
+                "eval.free_diagnostic_items must be >= 0",
+                file="params.yaml",
+                column="eval.free_diagnostic_items",
+                rule="bad_params",
+            )
         if self.batch_size < 1 or self.max_new_tokens < 1:
             raise ClapError(
                 "eval.batch_size and chain.max_new_tokens must be >= 1",
@@ -55,12 +66,14 @@ class _EvalSection:
     """Params section ``eval``."""
 
     batch_size: int
+    free_diagnostic_items: int
 
 
 def eval_params(path: Path | str = params.DEFAULT_PATH) -> EvalParams:
-    """:class:`EvalParams` from params sections ``eval`` (batch size) and ``chain`` (answer budget)."""
-    budget = params.section("chain", ChainParams, path).max_new_tokens
-    return EvalParams(params.section("eval", _EvalSection, path).batch_size, budget)
+    """:class:`EvalParams` from params sections ``eval`` (batch size, the free-decoding diagnostic) and
+    ``chain`` (answer budget, decoding mode)."""
+    chain, section = params.section("chain", ChainParams, path), params.section("eval", _EvalSection, path)
+    return EvalParams(section.batch_size, chain.max_new_tokens, chain.decoding, section.free_diagnostic_items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +156,17 @@ def model_specs(adapter_dir: Path | str, incumbent: ModelSpec | None) -> list[Mo
     return specs
 
 
+def item_contexts(items: pd.DataFrame, kb: pd.DataFrame) -> list[list[tuple[str, str]]]:
+    """The context documents of each eval item, in item order."""
+    bodies = kb_bodies(kb)
+    return [item_docs(row, bodies) for row in items.to_dict("records")]
+
+
 def prompts_and_contexts(
     items: pd.DataFrame, kb: pd.DataFrame
 ) -> tuple[list[list[dict[str, str]]], list[str]]:
     """Chat messages and scoring context of each eval item, in item order."""
-    bodies = kb_bodies(kb)
-    docs = [item_docs(row, bodies) for row in items.to_dict("records")]
+    docs = item_contexts(items, kb)
     chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
     return chats, [context_text(d) for d in docs]
 
@@ -197,18 +215,48 @@ def timing_rows(role: str, items: pd.DataFrame, gens: Sequence[Generation]) -> p
 
 
 def generate_for(
-    spec: ModelSpec, base_dir: Path | str, chats: Sequence[list[dict[str, str]]], p: EvalParams
-) -> list[Generation]:
-    """Load one model (base + optional adapter) and answer every chat."""
+    spec: ModelSpec,
+    base_dir: Path | str,
+    chats: Sequence[list[dict[str, str]]],
+    docs: Sequence[Sequence[tuple[str, str]]],
+    p: EvalParams,
+    space: AnswerSpace | None,
+    constrainers: dict[str, Constrainer],
+) -> tuple[list[Generation], float | None]:
+    """Load one model (base + optional adapter) and answer every chat.
+
+    Returns the answers (decoded as ``p.decoding`` says) and, under constrained decoding with
+    ``p.free_diagnostic_items`` > 0, the share of the first that many chats whose *free*
+    (unconstrained) answer parses: the format-compliance diagnostic (None otherwise).
+    ``constrainers`` caches the compiled grammars across the models of one evaluation.
+    """
     from clap.model.base import load_model, load_tokenizer
 
     model = load_model(base_dir, spec.adapter_dir)
     tok = load_tokenizer(base_dir, padding_side="left")
+    constraint, free_rate = None, None
+    if p.decoding == "constrained":
+        if space is None:
+            raise ClapError("chain.decoding is constrained but no answer space was given", rule="bad_params")
+        constrainer = constrainers.setdefault("grammars", Constrainer(space, model, tok))
+        constraint = constrainer(docs)
     gens = generate_batched(
-        model, tok, chats, batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc=f"eval {spec.role}"
+        model,
+        tok,
+        chats,
+        batch_size=p.batch_size,
+        max_new_tokens=p.max_new_tokens,
+        desc=f"eval {spec.role}",
+        constraint=constraint,
     )
+    k = min(p.free_diagnostic_items, len(chats)) if constraint is not None else 0
+    if k:
+        free = generate_batched(
+            model, tok, chats[:k], batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc="free"
+        )
+        free_rate = sum(parse_answer(g.text).ok for g in free) / k
     del model  # free the weights before the next model loads
-    return gens
+    return gens, free_rate
 
 
 def evaluate(
@@ -218,17 +266,25 @@ def evaluate(
     kb: pd.DataFrame,
     p: EvalParams,
     sp: ScoringParams,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Score every model in ``specs`` on ``items``: (scored rows, timing rows)."""
+    space: AnswerSpace | None,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """Score every model in ``specs`` on ``items``: (scored rows, timing rows, diagnostics).
+
+    The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured.
+    """
     if items.empty:
-        return pd.DataFrame(columns=SCORED_COLUMNS), pd.DataFrame(columns=TIMING_COLUMNS)
-    chats, contexts = prompts_and_contexts(items, kb)
-    scored, timed = [], []
+        return pd.DataFrame(columns=SCORED_COLUMNS), pd.DataFrame(columns=TIMING_COLUMNS), {}
+    docs = item_contexts(items, kb)
+    chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
+    contexts = [context_text(d) for d in docs]
+    scored, timed, diagnostics, constrainers = [], [], {}, {}
     for spec in specs:
-        gens = generate_for(spec, base_dir, chats, p)
+        gens, free_rate = generate_for(spec, base_dir, chats, docs, p, space, constrainers)
         scored.append(score_generations(spec.role, items, gens, contexts, sp))
         timed.append(timing_rows(spec.role, items, gens))
-    return pd.concat(scored, ignore_index=True), pd.concat(timed, ignore_index=True)
+        if free_rate is not None:
+            diagnostics[f"{spec.role}_free_parse_rate"] = round(free_rate, 6)
+    return pd.concat(scored, ignore_index=True), pd.concat(timed, ignore_index=True), diagnostics
 
 
 def manifest(

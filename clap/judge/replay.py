@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from clap.chain.chain import Chain, ChainAnswer, ChainParams, build_index, load_chain
+from clap.chain.grounding import AnswerSpace
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import SCORED_COLUMNS
@@ -165,6 +166,7 @@ def run_conditions(
     cp: ChainParams,
     p: EvalParams,
     lp: LatencyParams,
+    space: AnswerSpace | None,
 ) -> tuple[dict[str, list[ChainAnswer]], pd.DataFrame]:
     """Answer every case under A and C (base) and, with an adapter, B and D; one index for all.
 
@@ -179,7 +181,7 @@ def run_conditions(
     out: dict[str, list[ChainAnswer]] = {}
     requests = []
     for model, adapter in models.items():
-        chain = load_chain(base_dir, adapter, index, cp)
+        chain = load_chain(base_dir, adapter, index, cp, space)
         for cond, (m, rag) in CONDITIONS.items():
             if m == model:
                 out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size)

@@ -22,7 +22,7 @@ RP = RetrievalParams(
     concepts={"oee": ["oee"]},
     shift_words={"A": ["early"], "B": ["late"]},
 )
-CP = ChainParams(top_k=2, max_new_tokens=6, retrieval=RP)
+CP = ChainParams(top_k=2, max_new_tokens=6, decoding="free", retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
 
 
@@ -41,8 +41,15 @@ class FakeGenerate:
     def __init__(self, text: str):
         self.text, self.calls = text, []
 
-    def __call__(self, model, tokenizer, chats, *, batch_size, max_new_tokens, desc=""):
-        self.calls.append({"chats": chats, "batch_size": batch_size, "max_new_tokens": max_new_tokens})
+    def __call__(self, model, tokenizer, chats, *, batch_size, max_new_tokens, desc="", constraint=None):
+        self.calls.append(
+            {
+                "chats": chats,
+                "batch_size": batch_size,
+                "max_new_tokens": max_new_tokens,
+                "constraint": constraint,
+            }
+        )
         return [Generation(self.text, 5, 20, 7.0, 7.0 * len(chats), len(chats), 0) for _ in chats]
 
 
@@ -51,7 +58,7 @@ def test_rag_prompt_holds_the_retrieved_docs(kb, monkeypatch):
     monkeypatch.setattr(chain_mod, "generate_batched", fake)
     index = build_index(kb, CP)
     questions = ["oee on line L3, late shift?", "oee for L1 early shift"]
-    answers = Chain(None, None, index, CP).answer(questions, rag=True, batch_size=4)
+    answers = Chain(None, None, index, CP, None).answer(questions, rag=True, batch_size=4)
     expected_docs = [[(h.doc_id, h.text) for h in index.search(q, 2)] for q in questions]
     assert [a.retrieved.doc_ids for a in answers] == [[d for d, _ in docs] for docs in expected_docs]
     assert (
@@ -68,7 +75,7 @@ def test_rag_prompt_holds_the_retrieved_docs(kb, monkeypatch):
 def test_no_rag_prompt_has_no_documents(kb, monkeypatch):
     fake = FakeGenerate("no idea")
     monkeypatch.setattr(chain_mod, "generate_batched", fake)
-    (a,) = Chain(None, None, build_index(kb, CP), CP).answer(
+    (a,) = Chain(None, None, build_index(kb, CP), CP, None).answer(
         ["oee on line L3, late shift?"], rag=False, batch_size=1
     )
     assert fake.calls[0]["chats"] == [build_messages("oee on line L3, late shift?", None)]
@@ -78,15 +85,15 @@ def test_no_rag_prompt_has_no_documents(kb, monkeypatch):
 
 def test_rag_without_index_is_refused():
     with pytest.raises(ClapError, match="no knowledge base index"):
-        Chain(None, None, None, CP).answer(["q"], rag=True, batch_size=1)
+        Chain(None, None, None, CP, None).answer(["q"], rag=True, batch_size=1)
 
 
 def test_tiny_models_answer_through_the_chain(tiny_base, kb, tmp_path):
     adapter = make_tiny_adapter(tiny_base, tmp_path / "adapter", seed=4)
     index = build_index(kb, CP)
     questions = ["oee on line L3, late shift?", "scrap_count L2 early shift"]
-    base = load_chain(tiny_base, None, index, CP).answer(questions, rag=True, batch_size=2)
-    tuned = load_chain(tiny_base, adapter, index, CP).answer(questions, rag=True, batch_size=2)
+    base = load_chain(tiny_base, None, index, CP, None).answer(questions, rag=True, batch_size=2)
+    tuned = load_chain(tiny_base, adapter, index, CP, None).answer(questions, rag=True, batch_size=2)
     assert [a.retrieved.doc_ids for a in base] == [a.retrieved.doc_ids for a in tuned]
     assert all(0 < a.generation.new_tokens <= 6 and a.latency_ms > 0 for a in base + tuned)
     assert [a.generation.text for a in base] != [a.generation.text for a in tuned]  # the adapter is applied
@@ -95,4 +102,4 @@ def test_tiny_models_answer_through_the_chain(tiny_base, kb, tmp_path):
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="top_k"):
-        ChainParams(top_k=0, max_new_tokens=6, retrieval=RP)
+        ChainParams(top_k=0, max_new_tokens=6, decoding="free", retrieval=RP)

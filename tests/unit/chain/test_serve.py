@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 CP = ChainParams(
     top_k=2,
     max_new_tokens=6,
+    decoding="free",
     retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)

@@ -102,8 +102,14 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         io.read_parquet(batch["admitted"] / "eval.parquet"),
         io.read_parquet(batch["admitted"] / "kb.parquet"),
     )
-    scored, timings = evaluate(
-        specs, batch["base"], items, kb, EvalParams(batch_size=2, max_new_tokens=6), SP
+    scored, timings, _ = evaluate(
+        specs,
+        batch["base"],
+        items,
+        kb,
+        EvalParams(batch_size=2, max_new_tokens=6, decoding="free", free_diagnostic_items=0),
+        SP,
+        None,
     )
     EvalItems.validate(scored, lazy=True)
     EvalTimings.validate(timings, lazy=True)
@@ -158,13 +164,14 @@ def test_pairing_violation_is_loud():
 
 
 def test_empty_eval_set_needs_no_model(tmp_path):
-    scored, timings = evaluate(
+    scored, timings, _ = evaluate(
         [ModelSpec("base", None, "", "")],
         tmp_path / "no-model",
         pd.DataFrame(columns=["item_id"]),
         pd.DataFrame(),
-        EvalParams(2, 4),
+        EvalParams(2, 4, "free", 0),
         SP,
+        None,
     )
     assert scored.empty and timings.empty
     assert flat_metrics(scored, timings, [ModelSpec("base", None, "", "")]) == {

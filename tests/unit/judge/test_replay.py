@@ -28,9 +28,10 @@ SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
 CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
+    decoding="free",
     retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
 )
-RPARAMS = EvalParams(batch_size=4, max_new_tokens=5)
+RPARAMS = EvalParams(batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0)
 LP = LatencyParams(requests=3, warmup=1, seed=3)  # 3 of the 4 tiny cases timed, the 4th warms up
 
 
@@ -47,7 +48,7 @@ def replayed(tiny_base, tmp_path_factory):
     items, kb = pd.read_parquet(admitted / "replay.parquet"), pd.read_parquet(admitted / "kb.parquet")
     out = []
     for a in (adapter, None):
-        answers, requests = run_conditions(items, kb, tiny_base, a, CP, RPARAMS, LP)
+        answers, requests = run_conditions(items, kb, tiny_base, a, CP, RPARAMS, LP, None)
         out.append((*score_conditions(items, answers, SP), requests))
     return items, *out
 
@@ -159,7 +160,7 @@ def test_report_shows_per_request_latency_and_the_batched_diagnostics(replayed):
 
 def test_empty_replay_runs_nothing():
     empty = pd.DataFrame(columns=["item_id", "question"])
-    answers, requests = run_conditions(empty, pd.DataFrame(), "unused", None, CP, RPARAMS, LP)
+    answers, requests = run_conditions(empty, pd.DataFrame(), "unused", None, CP, RPARAMS, LP, None)
     assert answers == {} and requests.empty
     cases, timings = score_conditions(empty, {}, SP)
     m = replay_metrics(cases, timings, requests, 0, has_adapter=True)
@@ -169,4 +170,4 @@ def test_empty_replay_runs_nothing():
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="eval.batch_size"):
-        EvalParams(batch_size=0, max_new_tokens=5)
+        EvalParams(batch_size=0, max_new_tokens=5, decoding="free", free_diagnostic_items=0)
