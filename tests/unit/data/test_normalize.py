@@ -20,6 +20,7 @@ from clap.data.normalize import (
     canonical_metric,
     canonical_shift,
     clean_text,
+    dates_in,
     decimal_readings,
     dedup_records,
     evidence_status,
@@ -560,3 +561,24 @@ def test_malformed_context_is_a_row_reject():
     rej = normalize_batch(assets, P).rejects
     row = rej[(rej["artifact"] == "eval") & (rej["item_id"] == "E1")].iloc[0]
     assert row["rule"] == "malformed_context" and "context_doc_ids" in row["detail"]
+
+
+# --------------------------------------------------------------------------- dates in prose
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    day=st.dates(min_value=dt.date(2000, 1, 1), max_value=dt.date(2099, 12, 31)),
+    fmt=st.sampled_from(["%Y-%m-%d", "%d.%m.%Y", "%d %B %Y", "%B %d, %Y", "%d %b %Y"]),
+    before=st.sampled_from(["", "Report from", "Line L3, shift B,", "("]),
+    after=st.sampled_from(["", ".", ",", ")", "; scrap 4 pcs."]),
+)
+def test_dates_in_finds_a_written_date_in_prose(day, fmt, before, after):
+    text = f"{before} {day.strftime(fmt)}{after} The OEE was 81.5 %."
+    assert dates_in(text, V) == [day.isoformat()]
+
+
+def test_dates_in_keeps_order_and_ignores_numbers_that_are_no_date():
+    text = "From 2026-01-05 to 7 January 2026 the OEE was 81.5 % and 14 pcs; 2026-01-05 again."
+    assert dates_in(text, V) == ["2026-01-05", "2026-01-07"]
+    assert dates_in("Scrap 12.5 % on line 3, 1200 ppm.", V) == []

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from clap.task import prompt
+from clap.task.prompt import ANSWER_FIELDS, DATE_PATTERN
 
 ANSWER = {
     "metric": "scrap_rate",
@@ -41,3 +42,37 @@ def test_messages_with_and_without_context():
     assert prompt.NO_CONTEXT in prompt.build_messages("q", None)[1]["content"]
     ex = prompt.build_example("q", docs, ANSWER)
     assert ex["completion"][0]["content"] == prompt.format_answer(ANSWER)
+
+
+def test_answer_schema_ties_unit_to_metric_and_grounds_evidence_and_date():
+    from clap.task.prompt import answer_json_schema, context_sentences
+
+    vocab = {"metric": ["oee", "scrap_count"], "line": ["L1"], "shift": ["A", "B"]}
+    docs = [("KB-1", "OEE was 81.5 %. Line L1 ran on 2026-01-05!  Fine?"), ("KB-2", "OEE was 81.5 %.")]
+    quotes = context_sentences(docs)
+    assert quotes == ["OEE was 81.5 %", "Line L1 ran on 2026-01-05", "Fine"]
+    s = answer_json_schema(vocab, quotes, {"oee": "%", "scrap_count": "pcs"}, ["2026-01-05"])
+    assert [alt["properties"]["metric"]["const"] for alt in s["anyOf"]] == ["oee", "scrap_count"]
+    assert [alt["properties"]["unit"]["const"] for alt in s["anyOf"]] == ["%", "pcs"]
+    alt = s["anyOf"][0]
+    assert list(alt["properties"]) == list(ANSWER_FIELDS) and alt["required"] == list(ANSWER_FIELDS)
+    assert alt["additionalProperties"] is False
+    assert alt["properties"]["evidence"]["enum"] == quotes
+    assert alt["properties"]["date"]["enum"] == ["2026-01-05"]
+    assert alt["properties"]["value"] == {"type": "number"}
+    free = answer_json_schema(vocab)  # no context: a free string and any calendar date
+    assert free["properties"]["evidence"] == {"type": "string"}
+    assert free["properties"]["date"]["pattern"] == DATE_PATTERN
+    assert free["properties"]["unit"] == {"type": "string"}
+    with pytest.raises(ValueError, match="no unit"):
+        answer_json_schema(vocab, None, {"oee": "%"})
+    with pytest.raises(ValueError, match="not answer fields"):
+        answer_json_schema({"colour": ["red"]})
+
+
+def test_date_pattern_accepts_calendar_dates_only():
+    import re
+
+    assert re.fullmatch(DATE_PATTERN, "2026-12-31") and re.fullmatch(DATE_PATTERN, "2026-01-01")
+    for bad in ("2401-00-00", "2026-13-01", "2026-01-32", "26-01-01", "2026-1-1"):
+        assert not re.fullmatch(DATE_PATTERN, bad)
