@@ -40,6 +40,7 @@ def loop_project(tmp_path_factory, tiny_base) -> Path:
     p = tiny_params(yaml.safe_load((ROOT / "params.yaml").read_text()), tiny_base)
     p["grpo"]["enabled"] = False  # the probe is not part of the loop; keep the run short
     p["sizes"].update(eval=4, replay=2)  # the admission floors of tiny_params
+    p["replay"]["latency"].update(requests=1, warmup=1)  # of the 2 replay cases
     p["chain"]["max_new_tokens"] = 8  # the random model never stops early: every answer is this long
     (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tiny loop project"]):
