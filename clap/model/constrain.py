@@ -3,23 +3,17 @@
 A production chain does not ask a small model to type braces: it constrains decoding to the
 answer's JSON schema, so a model is judged on what it knows rather than on whether it can
 produce the format. :class:`Grammars` compiles JSON schemas for one tokenizer with
-`xgrammar <https://xgrammar.mlc.ai>`_ (chosen by measurement against llguidance, lm-format-enforcer
-and outlines-core: ``benchmarks/grammar_engines.py``; model-level speed and answers:
-``benchmarks/constrained_decoding.py``; results in ``benchmarks/results/``) in the exact layout
-``clap.task.prompt.format_answer`` writes (keys in order, ``", "`` and ``": "`` separators, no other
-whitespace), the layout the adapters were trained on. Schemas differ per request (the
+`xgrammar <https://xgrammar.mlc.ai>`_ (chosen by measurement: ``benchmarks/constrained_decoding.py``
+and its committed results) in the exact layout ``clap.task.prompt.format_answer`` writes (keys in
+order, ``", "`` and ``": "`` separators, no other whitespace), so an answer that was already
+valid is decoded token for token as without the constraint. Schemas differ per request (the
 evidence quote is one of the request's context sentences), so compiled grammars are cached by
 schema: every model of an eval run reuses them.
 
-Wherever the grammar allows one continuation only (the JSON skeleton ``", "line": "`` between
-values, the rest of a vocabulary word after its first tokens), :meth:`RowMatcher.forced` returns
-those tokens so the generator feeds them in one forward pass instead of one decoding step each:
-4x fewer forward passes on the demo (78 -> 19 for 40 adapter answers). Measured on 2 CPU cores
-at batch 48 this is not yet faster (27.1 s against 22.3 s step by step, because every position of
-a chunk computes full-vocabulary logits; ``benchmarks/results/constrained_decoding.json``). The
-forced tokens are xgrammar's split of the forced text (longest tokens), which differs from the
-tokenizer's own split in 6 of 40 reference answers (``grammar_engines``): the adapter's answers
-are identical to step-by-step decoding (40/40), the base model's in 36/40. After the closing brace only an end-of-sequence
+Forced tokens cost less than free ones: wherever the grammar allows one continuation only (the
+JSON skeleton ``", "line": "`` between values, the rest of a vocabulary word after its first
+tokens), :meth:`RowMatcher.forced` returns those tokens so the generator feeds them in one
+forward pass instead of one decoding step each. After the closing brace only an end-of-sequence
 token is allowed, so no answer rambles past its object.
 """
 

@@ -9,9 +9,7 @@ end-of-sequence token or reaches the budget, so one rambling answer does not kee
 rows' compute alive. Keys and values are written into buffers sized for the whole batch up
 front instead of being re-concatenated each step (``DynamicCache`` copies the whole cache on
 every token). The arithmetic is the model's own forward pass, so answers are those of
-per-item ``model.generate`` (``benchmarks/eval_speed.py`` checks token equality). With a
-:class:`~clap.model.constrain.Constraint` each row decodes inside its own grammar
-(``clap.model.constrain``), forced tokens fed in one forward pass.
+per-item ``model.generate`` (``benchmarks/eval_speed.py`` checks token equality).
 
 Each item gets its share of its batch's wall time (apportioned by new tokens, which dominate
 decoding cost) and the batch's wall time itself.
@@ -134,8 +132,8 @@ def _greedy(
 ) -> list[list[int]]:
     """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token.
 
-    With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are
-    masked to what the row's grammar allows, and the tokens the grammar then forces are fed with the chosen one in a single forward pass
+    With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are masked to what the grammar allows, and the
+    tokens the grammar then forces are fed with the chosen one in a single forward pass
     (rows whose runs are shorter are padded, the padding masked out of attention).
     """
     import torch
