@@ -270,6 +270,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 
 def e2e_project_files(batches: tuple[str, ...] = (E2E_BATCH,)) -> list[str]:
     """Tracked and untracked-not-ignored files of the working tree, minus other batches' raw data and run outputs."""
+    import re
     import subprocess
 
     out = subprocess.run(
@@ -279,10 +280,10 @@ def e2e_project_files(batches: tuple[str, ...] = (E2E_BATCH,)) -> list[str]:
         text=True,
         check=True,
     ).stdout.split("\n")
-    keep = []
+    keep, other_batch = [], re.compile(r"data/raw/[^/]+/")
     for f in filter(None, out):
-        if f.startswith("data/raw/") and not f.startswith(tuple(f"data/raw/{b}/" for b in batches)):
-            continue  # one batch is enough (the closed-loop test takes three)
+        if other_batch.match(f) and not f.startswith(tuple(f"data/raw/{b}/" for b in batches)):
+            continue  # one batch is enough (the closed-loop test takes three); data/raw/.gitignore stays
         if f.startswith(("metrics/", "records/", "reports/", "plots/")) or f == "dvc.lock":
             continue  # the copy produces its own
         if (_ROOT / f).is_file():
@@ -352,23 +353,34 @@ def git(repo: Path, *args: str) -> str:
     ).stdout
 
 
-@pytest.fixture(scope="session")
-def tiny_repo(tmp_path_factory, tiny_base) -> Path:
-    """A git repository with the project's files and the tiny params (nothing run yet)."""
+def make_e2e_repo(repo: Path, params: dict, batches: tuple[str, ...] = (E2E_BATCH,)) -> Path:
+    """A committed git repository at ``repo``: the project's files (``e2e_project_files(batches)``)
+    with ``params`` as its params.yaml."""
     import shutil
 
     import yaml
 
-    repo = tmp_path_factory.mktemp("e2e") / "repo"
-    for f in e2e_project_files():
+    for f in e2e_project_files(batches):
         dest = repo / f
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(_ROOT / f, dest)
-    params = yaml.safe_load((_ROOT / "params.yaml").read_text())
-    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(params, tiny_base), sort_keys=False))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tiny"]):
         git(repo, *args)
     return repo
+
+
+def repo_params() -> dict:
+    """The working tree's params.yaml."""
+    import yaml
+
+    return yaml.safe_load((_ROOT / "params.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory, tiny_base) -> Path:
+    """A git repository with the project's files and the tiny params (nothing run yet)."""
+    return make_e2e_repo(tmp_path_factory.mktemp("e2e") / "repo", tiny_params(repo_params(), tiny_base))
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,11 @@
 The commit is cloned into a temporary folder (``git clone --shared``: the user's workspace,
 cache and outputs are never read), the default DVC remote of the workspace is configured in
 the clone, and ``dvc pull`` fetches the batch's committed outputs and the cached inputs it
-needs (the base model, the production incumbent). ``dvc status`` must then be clean: a
-``dvc.lock`` that does not match the commit's files is a failure, never "no change". The
-committed outputs are set aside, the batch's stages re-run with ``dvc repro --force
---no-run-cache --single-item``, and every output file is compared with its committed copy:
+needs (the base model, the production incumbent, a DVC-tracked raw batch). ``dvc status``
+must then be clean: a ``dvc.lock`` that does not match the commit's files is a failure,
+never "no change". The committed outputs are set aside, the batch's stages re-run with
+``dvc repro --force --no-run-cache --single-item``, and every output file is compared with
+its committed copy:
 
 - JSON (metrics, records, evidence, manifests): leaf by leaf; each key is a decision, a hash, a value,
   a timing (expected to differ), provenance (where it ran) or environment (package versions);
@@ -191,9 +192,13 @@ def outs(lock: Mapping[str, Any], stage: str) -> list[str]:
 
 def inputs_to_pull(lock: Mapping[str, Any], rerun: Sequence[str], checkout_dir: Path) -> list[str]:
     """Locked stages outside ``rerun`` whose outputs the re-run reads: declared deps, plus the
-    production incumbent's adapter (eval reads it through releases/production.json)."""
+    production incumbent's adapter (eval reads it through releases/production.json), plus the
+    ``.dvc`` files of deps that are DVC-tracked data (a user's ``dvc add data/raw/<batch>``;
+    the committed demo batches are in git and need no pull)."""
     owner = {path: name for name in lock for path in outs(lock, name)}
-    needed = {owner[d["path"]] for s in rerun for d in lock[s].get("deps", []) if d["path"] in owner}
+    deps = {d["path"] for s in rerun for d in lock[s].get("deps", [])}
+    needed = {owner[d] for d in deps if d in owner}
+    needed |= {f"{d}.dvc" for d in deps if d not in owner and (checkout_dir / f"{d}.dvc").is_file()}
     pointer = checkout_dir / "releases" / "production.json"
     if pointer.exists():
         batch = io.read_json(pointer).get("batch")

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import e2e_env, e2e_project_files, git, tiny_params
+from conftest import e2e_env, git, make_e2e_repo, repo_params, tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -30,22 +29,12 @@ BATCHES = ("2026-01", "2026-02", "2026-04")  # three clean months (2026-03 is th
 @pytest.fixture(scope="module")
 def loop_project(tmp_path_factory, tiny_base) -> Path:
     """A committed git repository with the project's files, three raw batches and the tiny params."""
-    import shutil
-
-    repo = tmp_path_factory.mktemp("loop") / "project"
-    for f in e2e_project_files(BATCHES):
-        dest = repo / f
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, dest)
-    p = tiny_params(yaml.safe_load((ROOT / "params.yaml").read_text()), tiny_base)
+    p = tiny_params(repo_params(), tiny_base)
     p["grpo"]["enabled"] = False  # the probe is not part of the loop; keep the run short
     p["sizes"].update(eval=4, replay=2)  # the admission floors of tiny_params
     p["replay"]["latency"].update(requests=1, warmup=1)  # of the 2 replay cases
     p["chain"]["max_new_tokens"] = 8  # the random model never stops early: every answer is this long
-    (repo / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "tiny loop project"]):
-        git(repo, *args)
-    return repo
+    return make_e2e_repo(tmp_path_factory.mktemp("loop") / "project", p, BATCHES)
 
 
 def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte(loop_project, tmp_path):

@@ -43,6 +43,22 @@ def test_committed_raw_data_is_reproduced_byte_for_byte(generated):
             assert (RAW / batch / name).read_bytes() == data, f"{batch}/{name} differs: run `clap demo-data`"
 
 
+def test_only_the_demo_batches_are_in_git_a_users_batch_is_ignored():
+    """data/raw/.gitignore: the demo batches are in git; any other batch folder is git-ignored from
+    the start (a user's batch is `dvc add`ed, never "already tracked by SCM"), its .dvc file is not."""
+    import subprocess
+
+    def ignored(rel: str) -> bool:
+        done = subprocess.run(["git", "check-ignore", "--no-index", "-q", rel], cwd=ROOT)
+        assert done.returncode in (0, 1), f"git check-ignore {rel}: exit {done.returncode}"
+        return done.returncode == 0
+
+    for batch in P.batches:
+        assert not ignored(f"data/raw/{batch}/{A.QLOG}"), f"add !/{batch}/ to data/raw/.gitignore"
+    assert ignored(f"data/raw/2099-01/{A.QLOG}") and ignored("data/raw/2099-01")
+    assert not ignored("data/raw/2099-01.dvc") and not ignored("data/raw/.gitignore")
+
+
 def test_batches_have_the_contract_kinds_and_sizes(generated):
     kinds = {b: json.loads(f["MANIFEST.json"])["kind"] for b, f in generated.items()}
     assert kinds == {

@@ -155,6 +155,12 @@ def test_inputs_to_pull_are_upstream_stages_outside_the_rerun(tmp_path):
     }
     io.write_json(tmp_path / "releases/production.json", {"batch": "a"})
     assert vf.inputs_to_pull(lock, ["admit@b", "train@b"], tmp_path) == ["base", "train@a"]
+    # a user's batch is DVC-tracked data (data/raw/<b>.dvc): its .dvc file is pulled; a git-tracked one is not
+    lock["assetize@b"] = {"deps": [{"path": "stages/assetize.py"}, {"path": "data/raw/b"}]}
+    assert vf.inputs_to_pull(lock, ["assetize@b"], tmp_path) == ["train@a"]
+    (tmp_path / "data/raw").mkdir(parents=True)
+    (tmp_path / "data/raw/b.dvc").write_text("outs:\n- path: b\n")
+    assert vf.inputs_to_pull(lock, ["assetize@b", "admit@b"], tmp_path) == ["data/raw/b.dvc", "train@a"]
 
 
 def test_target_is_a_commit_or_a_batch_at_head(tmp_path):
