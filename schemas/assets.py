@@ -16,6 +16,8 @@ from pandera.typing import Series
 
 from clap.data.assetize import RULES
 
+SOURCE_NAME = r"^[a-z][a-z0-9_]*$"  # a declared source's name (params assetize.sources)
+
 
 def _is_json_str_list(text: str) -> bool:
     try:
@@ -37,10 +39,10 @@ class _Sourced(pa.DataFrameModel):
 
 
 class RecordsAsset(_Sourced):
-    """records.parquet: MES, QMS and CMMS records, one KPI value each."""
+    """records.parquet: the declared records sources' facts, one value each."""
 
     record_id: Series[str] = pa.Field(unique=True)
-    source_system: Series[str] = pa.Field(isin=["mes", "qms", "cmms"])
+    source_system: Series[str] = pa.Field(str_matches=SOURCE_NAME)
     line_raw: Series[str]
     shift_raw: Series[str]
     date_raw: Series[str]
@@ -55,7 +57,7 @@ class RecordsAsset(_Sourced):
 
 
 class KbAsset(_Sourced):
-    """kb.parquet: the document-system export."""
+    """kb.parquet: the declared documents sources (what retrieval searches)."""
 
     doc_id: Series[str] = pa.Field(unique=True)
     system: Series[str]
@@ -101,7 +103,7 @@ class ReplayAsset(ItemsAsset):
 class RejectsAsset(_Sourced):
     """rejects.parquet: every raw row that did not become an asset, with its rule."""
 
-    source_system: Series[str] = pa.Field(isin=["mes", "qms", "cmms", "kb", "question_log"])
+    source_system: Series[str] = pa.Field(str_matches=SOURCE_NAME)
     record_id: Series[str] = pa.Field(nullable=True)
     rule: Series[str] = pa.Field(isin=list(RULES))
     column: Series[str]

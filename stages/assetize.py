@@ -2,10 +2,9 @@
 
 usage: python stages/assetize.py data/raw/<b> data/assets/<b> metrics/assetize/<b>.json
 
-in:  data/raw/<b>/{mes_shift_reports.csv, quality_inspections.jsonl, maintenance_tickets.csv,
-     kb_documents.jsonl, question_log.jsonl}
+in:  data/raw/<b>/: the files params `assetize.sources` declares (the demo: five exports)
 out: data/assets/<b>/{records,kb,sft,eval,replay,grpo,rejects}.parquet (written all at once),
-     metrics/assetize/<b>.json (flat: conservation per file and batch, rejects per rule) and
+     metrics/assetize/<b>.json (flat: conservation per source and batch, rejects per rule) and
      records/assetize/<b>.json (file and logical hashes, encodings; clap.io.split_record)
 """
 

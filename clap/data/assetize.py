@@ -15,60 +15,108 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
+from clap.data.decoding import TooDeep, decode_file, describe, guess_delimiter, loads_bounded
+from clap.data.sources import (
+    ROW,
+    SPLITS,
+    FieldSpec,
+    Node,
+    RowProblem,
+    Source,
+    shorten,
+    explode,
+    hash_label,
+    lookup,
+    parse_sources,
+    read_parquet,
+    read_xlsx,
+    render_row,
+    render_template,
+    table_rows,
+)
 from clap.errors import ClapError
 
-MES, QMS, CMMS, KB, QLOG = (
-    "mes_shift_reports.csv", "quality_inspections.jsonl", "maintenance_tickets.csv",
-    "kb_documents.jsonl", "question_log.jsonl",
+RULES = (
+    "bad_encoding",
+    "bad_json",
+    "broken_quoting",
+    "duplicate_id",
+    "field_count",
+    "missing_field",
+    "unknown_split",
+    "wrong_type",
 )
-IGNORED_FILES = ("MANIFEST.json",)  # written by the generator for tests; stages never read it
-SPLITS = ("train", "eval", "replay")
-RULES = ("bad_json", "broken_quoting", "duplicate_id", "field_count", "missing_field", "unknown_split", "wrong_type")
 
-
-@dataclass(frozen=True)
-class FileSpec:
-    """How one raw export is laid out (fixed by the data contract, not a knob)."""
-
-    kind: str  # csv | jsonl
-    system: str  # mes | qms | cmms | kb | question_log
-    columns: tuple[str, ...] = ()  # CSV header
-    delimiter: str = ""
-    multiline: tuple[str, ...] = ()  # CSV columns whose quoted text may span lines
-
-
-RAW_FILES: dict[str, FileSpec] = {
-    MES: FileSpec("csv", "mes", ("report_id", "shift_date", "line", "shift", "kpi", "value", "uom", "remark"), ";"),
-    QMS: FileSpec("jsonl", "qms"),
-    CMMS: FileSpec("csv", "cmms", ("ticket_id", "opened", "line", "shift", "category", "downtime_min", "summary"),
-                   ",", ("summary",)),
-    KB: FileSpec("jsonl", "kb"),
-    QLOG: FileSpec("jsonl", "question_log"),
-}
-
-RECORD_COLUMNS = ("record_id", "source_system", "line_raw", "shift_raw", "date_raw", "metric_label", "value",
-                  "unit_raw", "text", "source_file", "source_line")
+RECORD_COLUMNS = (
+    "record_id",
+    "source_system",
+    "line_raw",
+    "shift_raw",
+    "date_raw",
+    "metric_label",
+    "value",
+    "unit_raw",
+    "text",
+    "source_file",
+    "source_line",
+)
 KB_COLUMNS = ("doc_id", "system", "record_ref", "title", "body", "source_file", "source_line")
-ITEM_COLUMNS = ("item_id", "split", "question", "question_type", "context_doc_ids", "metric_label", "value_raw",
-                "unit_raw", "line_raw", "shift_raw", "date_raw", "evidence", "evidence_doc_id", "source_file",
-                "source_line")
-REJECT_COLUMNS = ("source_file", "source_line", "source_system", "record_id", "rule", "column", "detail", "raw")
+ITEM_COLUMNS = (
+    "item_id",
+    "split",
+    "question",
+    "question_type",
+    "context_doc_ids",
+    "metric_label",
+    "value_raw",
+    "unit_raw",
+    "line_raw",
+    "shift_raw",
+    "date_raw",
+    "evidence",
+    "evidence_doc_id",
+    "source_file",
+    "source_line",
+)
+REJECT_COLUMNS = (
+    "source_file",
+    "source_line",
+    "source_system",
+    "record_id",
+    "rule",
+    "column",
+    "detail",
+    "raw",
+)
 ASSETS = ("records", "kb", "sft", "eval", "replay", "grpo", "rejects")
-ROW = "<row>"  # the ``column`` of a reject about the whole row
+_SOURCED = ("source_file", "source_line")
+# the asset columns a source of each target maps (records get source_system = the source's name)
+TARGET_COLUMNS: dict[str, tuple[str, ...]] = {
+    "records": tuple(c for c in RECORD_COLUMNS if c not in (*_SOURCED, "source_system")),
+    "documents": tuple(c for c in KB_COLUMNS if c not in _SOURCED),
+    "questions": tuple(c for c in ITEM_COLUMNS if c not in _SOURCED),
+}
 
 
 @dataclass(frozen=True)
 class AssetizeParams:
     """params.yaml section ``assetize``."""
 
-    encodings: list[str]  # tried in order on every raw file; the first that decodes wins
+    sources: dict[str, Any]  # name -> declaration (clap.data.sources.parse_sources)
+    ignore: list[str]  # globs of batch-folder files no source reads (e.g. a generator's manifest)
+    max_bad_line_share: float  # a text file with more of its lines undecodable is a file-level error
+    max_json_depth: int  # a JSON row nested deeper is a bad_json reject, never parsed (json recursion)
+
+    def declared(self) -> tuple[Source, ...]:
+        return parse_sources(self.sources, TARGET_COLUMNS)
 
 
 # --- parsing primitives ------------------------------------------------------------------
+
 
 def parse_decimal(text: str, decimal: str) -> float:
     """Parse a number written with ``decimal`` as separator and optional thousands grouping.
@@ -154,7 +202,9 @@ def _strip_cr(s: str) -> str:
     return s[:-1] if s.endswith("\r") else s
 
 
-def _parse_record(text: str, pos: int, delim: str, multiline: frozenset[int], unquoted: re.Pattern) -> tuple[list[str], int]:
+def _parse_record(
+    text: str, pos: int, delim: str, multiline: frozenset[int], unquoted: re.Pattern
+) -> tuple[list[str], int]:
     """Fields of the record starting at ``pos`` and the index of its terminating newline (or len)."""
     fields: list[str] = []
     i, n = pos, len(text)
@@ -162,9 +212,9 @@ def _parse_record(text: str, pos: int, delim: str, multiline: frozenset[int], un
         idx = len(fields) + 1
         if i < n and text[i] == '"':
             value, i = _quoted(text, i, len(fields) in multiline, idx)
-            if i < n and text[i] not in (delim, "\n") and text[i:i + 2] != "\r\n" and text[i:] != "\r":
+            if i < n and text[i] not in (delim, "\n") and text[i : i + 2] != "\r\n" and text[i:] != "\r":
                 raise _Broken(f"unexpected {text[i]!r} after the closing quote of field {idx}", i, idx - 1)
-            if text[i:i + 1] == "\r":
+            if text[i : i + 1] == "\r":
                 i += 1
         else:
             end = unquoted.match(text, i).end()
@@ -188,334 +238,495 @@ def _quoted(text: str, i: int, may_span: bool, idx: int) -> tuple[str, int]:
         if q == -1:
             raise _Broken(f"unterminated quoted field {idx}", limit, idx - 1)
         parts.append(text[j:q])
-        if text[q + 1:q + 2] == '"':
+        if text[q + 1 : q + 2] == '"':
             parts.append('"')
             j = q + 2
             continue
         return "".join(parts), q + 1
 
 
-def decode(data: bytes, encodings: list[str], file: str) -> tuple[str, str]:
-    """Decode with the first encoding of ``encodings`` that works.
-
-    Returns:
-        (text, encoding used).
-
-    Raises:
-        ClapError: rule ``bad_encoding`` naming each encoding's failing byte offset and line.
-    """
-    failures = []
-    for enc in encodings:
-        try:
-            return data.decode(enc), enc
-        except UnicodeDecodeError as e:
-            failures.append((enc, e.start))
-        except LookupError as e:
-            raise ClapError(f"unknown encoding {enc!r} in params assetize.encodings", column="encodings",
-                            rule="bad_params") from e
-    detail = "; ".join(f"{enc} fails at byte offset {at} (0x{data[at]:02x})" for enc, at in failures)
-    first = failures[0][1]
-    raise ClapError(f"file cannot be decoded with any of {encodings}: {detail}", file=file,
-                    row=data.count(b"\n", 0, first) + 1, rule="bad_encoding")
-
-
-# --- row checks ------------------------------------------------------------------------
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-TYPE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "opt_str": (lambda v: isinstance(v, str), "a string"),
-    "number": (_is_number, "a finite JSON number"),
-    "value": (lambda v: _is_number(v) or isinstance(v, str), "a number or a string"),
-    "str_list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
-}
-QMS_FIELDS = (("inspection_id", "str"), ("recorded_at", "str"), ("station.line", "str"), ("station.shift", "str"),
-              ("result.characteristic", "str"), ("result.measured", "number"), ("result.unit", "str"),
-              ("inspector", "opt_str"))
-KB_FIELDS = (("doc_id", "str"), ("system", "str"), ("record_ref", "str"), ("title", "str"), ("body", "str"))
-QLOG_FIELDS = (("question_id", "str"), ("logged_at", "str"), ("split", "str"), ("question", "str"),
-               ("question_type", "str"), ("context_doc_ids", "str_list"), ("gold.metric", "str"),
-               ("gold.value", "value"), ("gold.unit", "str"), ("gold.line", "str"), ("gold.shift", "str"),
-               ("gold.date", "str"), ("gold.evidence", "str"), ("gold.doc_id", "str"))
-
-
-class RowProblem(Exception):
-    """A row-level problem: the row goes to rejects with this rule/column/detail."""
-
-    def __init__(self, rule: str, column: str, detail: str):
-        super().__init__(detail)
-        self.rule, self.column, self.detail = rule, column, detail
-
-
-def _short(v: Any) -> str:
-    text = json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _lookup(obj: dict, path: str) -> tuple[bool, Any]:
-    """(present, value) of a dotted path; a non-object on the way is a wrong type."""
-    cur: Any = obj
-    parts = path.split(".")
-    for k, part in enumerate(parts):
-        if not isinstance(cur, dict):
-            prefix = ".".join(parts[:k])
-            raise RowProblem("wrong_type", prefix, f"{prefix} must be an object, got {_short(cur)}")
-        if part not in cur:
-            return False, None
-        cur = cur[part]
-    return True, cur
-
-
-def check_fields(obj: dict, fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """Values of ``fields`` (path, type) in ``obj``; the first problem raises :class:`RowProblem`.
-
-    A required field that is absent, null or a blank string is ``missing_field``; a value of
-    another type is ``wrong_type``. ``opt_str`` fields may be absent or null (read as "").
-    """
-    out = {}
-    for path, kind in fields:
-        present, v = _lookup(obj, path)
-        if not present or v is None or (isinstance(v, str) and not v.strip()):
-            if kind == "opt_str":
-                out[path] = "" if v is None else v
-                continue
-            raise RowProblem("missing_field", path, f"required field {path} is missing or empty")
-        ok, what = TYPE_CHECKS[kind]
-        if not ok(v):
-            raise RowProblem("wrong_type", path, f"{path} must be {what}, got {_short(v)}")
-        out[path] = v
-    return out
-
-
-def _number_field(values: dict[str, str], column: str, decimal: str) -> float:
-    try:
-        return parse_decimal(values[column], decimal)
-    except ValueError as e:
-        raise RowProblem("wrong_type", column, f"{column} {values[column]!r} is not a number (decimal {decimal!r})") from e
-
-
-# --- per-file parsers: row dict -> asset row ---------------------------------------------
-
-def _mes_row(v: dict[str, str]) -> dict[str, Any]:
-    _require(v, ("report_id", "shift_date", "line", "shift", "kpi", "value", "uom"))
-    return {"record_id": v["report_id"], "source_system": "mes", "line_raw": v["line"], "shift_raw": v["shift"],
-            "date_raw": v["shift_date"], "metric_label": v["kpi"], "value": _number_field(v, "value", ","),
-            "unit_raw": v["uom"], "text": v["remark"]}
-
-
-def _cmms_row(v: dict[str, str]) -> dict[str, Any]:
-    # The CMMS books downtime in its own column: the label and unit come from that column.
-    _require(v, ("ticket_id", "opened", "line", "shift", "downtime_min"))
-    return {"record_id": v["ticket_id"], "source_system": "cmms", "line_raw": v["line"], "shift_raw": v["shift"],
-            "date_raw": v["opened"], "metric_label": "Downtime", "value": _number_field(v, "downtime_min", "."),
-            "unit_raw": "min", "text": v["summary"]}
-
-
-def _require(v: dict[str, str], columns: tuple[str, ...]) -> None:
-    for c in columns:
-        if not v[c].strip():
-            raise RowProblem("missing_field", c, f"required field {c} is empty")
-
-
-def _qms_row(obj: dict) -> dict[str, Any]:
-    v = check_fields(obj, QMS_FIELDS)
-    return {"record_id": v["inspection_id"], "source_system": "qms", "line_raw": v["station.line"],
-            "shift_raw": v["station.shift"], "date_raw": v["recorded_at"], "metric_label": v["result.characteristic"],
-            "value": float(v["result.measured"]), "unit_raw": v["result.unit"], "text": v["inspector"]}
-
-
-def _kb_row(obj: dict) -> dict[str, Any]:
-    v = check_fields(obj, KB_FIELDS)
-    return {"doc_id": v["doc_id"], "system": v["system"], "record_ref": v["record_ref"], "title": v["title"],
-            "body": v["body"]}
-
-
-def _item_row(obj: dict) -> dict[str, Any]:
-    v = check_fields(obj, QLOG_FIELDS)
-    if v["split"] not in SPLITS:
-        raise RowProblem("unknown_split", "split", f"split {v['split']!r} is not one of {list(SPLITS)}")
-    value = v["gold.value"]
-    return {"item_id": v["question_id"], "split": v["split"], "question": v["question"],
-            "question_type": v["question_type"], "context_doc_ids": json.dumps(v["context_doc_ids"], ensure_ascii=False),
-            "metric_label": v["gold.metric"], "value_raw": value if isinstance(value, str) else json.dumps(value),
-            "unit_raw": v["gold.unit"], "line_raw": v["gold.line"], "shift_raw": v["gold.shift"],
-            "date_raw": v["gold.date"], "evidence": v["gold.evidence"], "evidence_doc_id": v["gold.doc_id"]}
+# --- rows of one file --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Parser:
-    """How one file's rows become assets: target asset, row function, duplicate key."""
+class Row:
+    """One raw row: its 1-based line (record number for json/parquet), raw text, element or problem."""
 
-    asset: str  # records | kb | items
-    row: Callable[[Any], dict[str, Any]]
-    key: Callable[[dict[str, Any]], tuple]
-
-
-PARSERS = {
-    MES: Parser("records", _mes_row, lambda r: (r["record_id"],)),
-    CMMS: Parser("records", _cmms_row, lambda r: (r["record_id"],)),
-    QMS: Parser("records", _qms_row, lambda r: (r["record_id"],)),
-    KB: Parser("kb", _kb_row, lambda r: (r["doc_id"],)),
-    # a question may recur across splits (that is train/eval overlap, removed by normalize)
-    QLOG: Parser("items", _item_row, lambda r: (r["split"], r["item_id"])),
-}
-ID_FIELDS = {MES: "report_id", CMMS: "ticket_id", QMS: "inspection_id", KB: "doc_id", QLOG: "question_id"}
+    line: int
+    raw: str
+    node: Node | RowProblem
+    rid: str | None = None  # the row's id when it is a problem row whose id can still be read (CSV)
 
 
-# --- files -------------------------------------------------------------------------------
-
-@dataclass
-class FileResult:
-    """What one raw file produced."""
-
-    encoding: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    rejects: list[dict[str, Any]] = field(default_factory=list)
-    rows_in: int = 0
+def _bad_encoding(bad: dict[int, str], first: int, last: int) -> RowProblem | None:
+    hit = [k for k in range(first, last + 1) if k in bad]
+    return RowProblem("bad_encoding", ROW, bad[hit[0]]) if hit else None
 
 
-def _reject(file: str, line: int, record_id: Any, problem: RowProblem, raw: str) -> dict[str, Any]:
-    rid = record_id if isinstance(record_id, str) and record_id.strip() else None
-    return {"source_file": file, "source_line": line, "source_system": RAW_FILES[file].system, "record_id": rid,
-            "rule": problem.rule, "column": problem.column, "detail": problem.detail, "raw": raw}
-
-
-def _csv_rows(text: str, file: str) -> list[tuple[int, str, dict[str, str] | RowProblem, Any]]:
-    """(line, raw, column->text or problem, record id) per data record of a CSV file."""
-    spec = RAW_FILES[file]
-    multiline = frozenset(spec.columns.index(c) for c in spec.multiline)
-    records = split_csv(text, spec.delimiter, multiline)
-    header = _csv_header(records, file)
+def _csv_rows(src: Source, text: str, bad: dict[int, str], file: str) -> list[Row]:
+    """The data records of a CSV file (after checking its header against the declaration)."""
+    records = split_csv(text, src.delimiter, frozenset())
+    header = _csv_header(src, records, text, file)
+    multiline = frozenset(header.index(c) for c in src.multiline if c in header)
+    if multiline:  # re-split now that the multi-line columns' positions are known
+        records = split_csv(text, src.delimiter, multiline)
+    id_path = src.fields[src.id].path
+    at = header.index(id_path) if id_path in header else None
     out = []
     for r in records[1:]:
-        if r.error:
+        last = r.line + r.raw.count("\n")
+        problem = _bad_encoding(bad, r.line, last)
+        if problem is None and r.error:
             column = header[r.error_field] if r.error_field < len(header) else ROW
-            out.append((r.line, r.raw, RowProblem("broken_quoting", column, r.error), _first_field(r.raw, spec.delimiter)))
-        elif len(r.fields) != len(header):
+            problem = RowProblem("broken_quoting", column, r.error)
+        elif problem is None and len(r.fields) != len(header):
             problem = RowProblem("field_count", ROW, f"{len(r.fields)} fields, the header has {len(header)}")
-            out.append((r.line, r.raw, problem, r.fields[0]))
-        else:
-            out.append((r.line, r.raw, dict(zip(header, r.fields)), r.fields[header.index(ID_FIELDS[file])]))
+        out.append(
+            Row(r.line, r.raw, problem or Node(dict(zip(header, r.fields))), _csv_id(r, at, src.delimiter))
+        )
     return out
 
 
-def _first_field(raw: str, delim: str) -> str | None:
-    head = raw.split(delim, 1)[0]
-    return None if '"' in head else head
+def _csv_id(r: CsvRecord, at: int | None, delimiter: str) -> str | None:
+    """The id field of a CSV record, also of a broken one (unless quoting makes it unreadable)."""
+    if at is None:
+        return None
+    if r.error:
+        parts = r.raw.split(delimiter)
+        return parts[at] if at < len(parts) and '"' not in delimiter.join(parts[: at + 1]) else None
+    return r.fields[at] if at < len(r.fields) else None
 
 
-def _csv_header(records: list[CsvRecord], file: str) -> list[str]:
-    spec = RAW_FILES[file]
+def _referenced(src: Source) -> list[str]:
+    """The top-level columns/keys the declaration reads (paths' first segments, templates included)."""
+    out = []
+    for spec in src.fields.values():
+        paths = re.findall(r"\{([^{}]+)\}", spec.template) if spec.kind == "template" else [spec.path]
+        out.extend(p.split(".")[0] for p in paths if p and not p.startswith(("^", "#")))
+    return list(dict.fromkeys(out))
+
+
+def _check_columns(src: Source, header: list[str], file: str, line: int, looks: str) -> None:
+    """The header has the declared columns (exactly, when ``columns`` is declared)."""
+    required = list(src.columns) or _referenced(src)
+    missing = [c for c in required if c not in header]
+    unknown = [c for c in header if src.columns and c not in src.columns]
+    if missing or unknown:
+        column, rule = (missing[0], "missing_column") if missing else (unknown[0], "unknown_column")
+        what = (
+            f"required column {column!r} is missing (header: {header}){looks}"
+            if missing
+            else f"unexpected column {column!r} (declared: {list(src.columns)})"
+        )
+        raise ClapError(what, file=file, row=line, column=column, rule=rule)
+
+
+def _csv_header(src: Source, records: list[CsvRecord], text: str, file: str) -> list[str]:
     if not records:
         raise ClapError("file has no header and no rows", file=file, rule="empty_file")
     head = records[0]
     if head.error or len(set(head.fields)) != len(head.fields):
         raise ClapError(f"header is malformed: {head.raw!r}", file=file, row=head.line, rule="bad_header")
-    missing = [c for c in spec.columns if c not in head.fields]
-    if missing:
-        raise ClapError(f"required column {missing[0]!r} is missing (header: {list(head.fields)})", file=file,
-                        row=head.line, column=missing[0], rule="missing_column")
-    unknown = [c for c in head.fields if c not in spec.columns]
-    if unknown:
-        raise ClapError(f"unexpected column {unknown[0]!r} (expected {list(spec.columns)})", file=file,
-                        row=head.line, column=unknown[0], rule="unknown_column")
+    guess = guess_delimiter(head.raw)
+    looks = (
+        f"; the header splits into {len(head.raw.split(guess))} fields on {guess!r}, declared "
+        f"{src.delimiter!r}"
+        if guess and guess != src.delimiter and len(head.fields) == 1
+        else ""
+    )
+    _check_columns(src, list(head.fields), file, head.line, looks)
     if len(records) == 1:
         raise ClapError("file has a header but no rows", file=file, row=head.line, rule="header_only")
     return list(head.fields)
 
 
-def _jsonl_rows(text: str, file: str) -> list[tuple[int, str, dict | RowProblem, Any]]:
-    """(line, raw, object or problem, record id) per non-blank line of a JSONL file."""
+def _jsonl_rows(src: Source, text: str, bad: dict[int, str], file: str, max_depth: int) -> list[Row]:
+    """One row per non-blank line; a line that is not one JSON object is a reject, never a crash."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        first = stripped.split("\n", 1)[0].strip()
+        whole = _try_json(text, max_depth)
+        if first == "[" or isinstance(whole, list):
+            raise ClapError(
+                "file is a JSON array (starts with '['), declared jsonl: one JSON object per line",
+                file=file,
+                rule="wrong_shape",
+            )
     out = []
     for k, raw in enumerate(text.split("\n"), start=1):
         raw = _strip_cr(raw)
         if not raw.strip():
             continue
+        if k in bad:
+            out.append(Row(k, raw, RowProblem("bad_encoding", ROW, bad[k])))
+            continue
         try:
-            obj = json.loads(raw)
+            obj = loads_bounded(raw, max_depth)
+        except TooDeep as e:
+            out.append(Row(k, raw[:2000], RowProblem("bad_json", ROW, f"invalid JSON: {e}")))
+            continue
         except json.JSONDecodeError as e:
-            out.append((k, raw, RowProblem("bad_json", ROW, f"invalid JSON: {e.msg} at column {e.colno}"), None))
+            out.append(Row(k, raw, RowProblem("bad_json", ROW, f"invalid JSON: {e.msg} at column {e.colno}")))
             continue
         if not isinstance(obj, dict):
-            raise ClapError(f"line is JSON {type(obj).__name__}, not an object", file=file, row=k, rule="not_an_object")
-        out.append((k, raw, obj, obj.get(ID_FIELDS[file])))
+            raise ClapError(
+                f"line is JSON {type(obj).__name__}, not an object", file=file, row=k, rule="not_an_object"
+            )
+        out.append(Row(k, raw, Node(obj)))
     if not out:
         raise ClapError("file has no rows", file=file, rule="empty_file")
     return out
 
 
-def parse_file(file: str, data: bytes, encodings: list[str]) -> FileResult:
-    """Decode and parse one raw file into asset rows and rejects (each row in exactly one).
+def _try_json(text: str, max_depth: int) -> Any:
+    try:
+        return loads_bounded(text, max_depth)
+    except ValueError:
+        return None
 
-    Raises:
-        ClapError: a file-level problem (empty, undecodable, bad header, non-object JSON line).
-    """
+
+def _json_rows(src: Source, text: str, file: str, max_depth: int) -> list[Row]:
+    """The elements at the declared records path, numbered 1.. in document order."""
+    try:
+        root = loads_bounded(text, max_depth)
+    except TooDeep as e:
+        raise ClapError(
+            f"file nests deeper than assetize.max_json_depth: {e}", file=file, rule="bad_json"
+        ) from e
+    except json.JSONDecodeError as e:
+        raise ClapError(
+            f"file is not JSON ({describe(text.encode()[:4096])}): {e.msg}",
+            file=file,
+            row=e.lineno,
+            rule="bad_json",
+        ) from e
+    rows = [
+        Row(k, _dump(n.value), n.value if isinstance(n.value, RowProblem) else n)
+        for k, n in enumerate(explode(root, src.records, file), start=1)
+    ]
+    if not rows:
+        raise ClapError(
+            f"no records at records path {src.records!r}", file=file, column=src.records, rule="empty_file"
+        )
+    return rows
+
+
+def _dump(v: Any) -> str:
+    if isinstance(v, RowProblem):
+        return v.detail
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _table_rows(src: Source, rows: list[Row]) -> list[Row]:
+    """Each table record becomes its data rows (``row``, ``label``, ``cells``, ``text``; ``^`` the table)."""
+    out = []
+    for r in rows:
+        if isinstance(r.node, RowProblem):
+            out.append(r)
+            continue
+        present, cells = lookup(r.node, src.table.cells)
+        if (
+            not present
+            or not isinstance(cells, list)
+            or not all(
+                isinstance(row, list) and all(isinstance(c, (str, int, float)) for c in row) for row in cells
+            )
+        ):
+            out.append(
+                Row(
+                    r.line,
+                    r.raw,
+                    RowProblem(
+                        "wrong_type", src.table.cells, f"{src.table.cells} must be a list of rows of cells"
+                    ),
+                )
+            )
+            continue
+        header, data = table_rows(cells, src.table.header_rows)
+        for k, (number, cells_k) in enumerate(data):
+            value = {
+                "row": number,
+                "label": cells_k[0] if cells_k else "",
+                "cells": cells_k,
+                "text": render_row(header, cells_k),
+            }
+            out.append(Row(r.line, _dump(cells_k), Node(value, r.node, k)))
+    return out
+
+
+def _tabular_rows(src: Source, data: bytes, file: str) -> list[Row]:
+    """Rows of a parquet or xlsx file as column -> value dicts (xlsx: the first row is the header)."""
+    if src.format == "parquet":
+        dicts = read_parquet(data, file)
+        if not dicts:
+            raise ClapError("file has no rows", file=file, rule="empty_file")
+        _check_columns(src, list(dicts[0]), file, 1, "")
+        return [Row(k, _dump_cells(d), Node(d)) for k, d in enumerate(dicts, start=1)]
+    sheet = read_xlsx(data, file, src.sheet)
+    if not sheet:
+        raise ClapError(f"sheet {src.sheet!r} is empty", file=file, rule="empty_file")
+    header = [_cell_text(c) for c in sheet[0]]
+    while header and not header[-1]:
+        header.pop()
+    _check_columns(src, header, file, 1, "")
+    out = []
+    for k, cells in enumerate(sheet[1:], start=2):
+        if all(_cell_text(c) == "" for c in cells):
+            continue
+        values = {h: cells[j] if j < len(cells) else "" for j, h in enumerate(header)}
+        out.append(Row(k, _dump_cells(values), Node(values)))
+    if not out:
+        raise ClapError("sheet has a header but no rows", file=file, row=1, rule="header_only")
+    return out
+
+
+def _cell_text(v: Any) -> str:
+    """A spreadsheet/parquet cell as text: integral floats without '.0', dates in ISO form."""
+    if v is None:
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    return str(v)
+
+
+def _dump_cells(d: dict) -> str:
+    return json.dumps(
+        {k: _cell_text(v) if not isinstance(v, (list, dict)) else v for k, v in d.items()},
+        ensure_ascii=False,
+        default=str,
+    )
+
+
+# --- one row -> one asset row ------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _field(src: Source, column: str, spec: FieldSpec, node: Node) -> Any:
+    """The value of one asset column for ``node`` (a :class:`RowProblem` when the row is bad)."""
+    if spec.kind == "const":
+        return spec.const
+    if spec.kind == "template":
+        return render_template(node, spec.template)
+    present, v = lookup(node, spec.path)
+    tabular = src.format in ("csv", "xlsx", "parquet")
+    if spec.kind in ("hash", "documents_of"):
+        if not present or v is None or isinstance(v, (dict, list)) or not str(v).strip():
+            raise RowProblem("missing_field", spec.path, f"required field {spec.path} is missing or empty")
+        return hash_label(str(v), spec.seed, spec.shares) if spec.kind == "hash" else ("documents_of", str(v))
+    if spec.type == "optional_text" and (not present or v is None):
+        return ""
+    if not present or v is None or (isinstance(v, str) and not v.strip() and spec.type != "optional_text"):
+        how = "is empty" if tabular and present else "is missing or empty"
+        raise RowProblem("missing_field", spec.path, f"required field {spec.path} {how}")
+    if spec.type == "number":
+        if tabular and isinstance(v, str):
+            try:
+                return parse_decimal(v, src.decimal)
+            except ValueError as e:
+                raise RowProblem(
+                    "wrong_type", spec.path, f"{spec.path} {v!r} is not a number (decimal {src.decimal!r})"
+                ) from e
+        if _is_number(v):
+            return float(v)
+        what = "a finite number" if tabular else "a finite JSON number"
+        raise RowProblem("wrong_type", spec.path, f"{spec.path} must be {what}, got {shorten(v)}")
+    if tabular and not isinstance(v, (list, dict)):
+        v = _cell_text(v)
+    if spec.type in ("text", "optional_text"):
+        if isinstance(v, str):
+            return v
+        raise RowProblem("wrong_type", spec.path, f"{spec.path} must be a string, got {shorten(v)}")
+    if spec.type == "value":
+        if isinstance(v, str) or _is_number(v):
+            return v if isinstance(v, str) else json.dumps(v)
+        raise RowProblem(
+            "wrong_type", spec.path, f"{spec.path} must be a number or a string, got {shorten(v)}"
+        )
+    if spec.type == "text_list":
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            return json.dumps(v, ensure_ascii=False)
+        raise RowProblem("wrong_type", spec.path, f"{spec.path} must be a list of strings, got {shorten(v)}")
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)  # json: any value, strings as found
+
+
+def _raw_id(src: Source, row: Row) -> str | None:
+    spec, node = src.fields[src.id], row.node
+    if isinstance(node, RowProblem) or spec.kind != "path":
+        return row.rid if isinstance(row.rid, str) and row.rid.strip() else None
+    try:
+        present, v = lookup(node, spec.path)
+    except RowProblem:
+        return None
+    v = _cell_text(v) if src.format in ("csv", "xlsx", "parquet") and not isinstance(v, (list, dict)) else v
+    return v if present and isinstance(v, str) and v.strip() else None
+
+
+def map_row(src: Source, node: Node) -> dict[str, Any]:
+    """The asset row of one element; the first problem raises :class:`RowProblem`."""
+    row = {c: _field(src, c, spec, node) for c, spec in src.fields.items()}
+    if src.target == "records":
+        row["source_system"] = src.name
+    if src.target == "questions" and row["split"] not in SPLITS:
+        raise RowProblem("unknown_split", "split", f"split {row['split']!r} is not one of {list(SPLITS)}")
+    return row
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileResult:
+    """What one raw file produced for one source."""
+
+    source: str
+    file: str  # path relative to the batch folder
+    encoding: str  # "" for binary formats
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    rows_in: int = 0
+
+
+def _reject(src: Source, file: str, row: Row, problem: RowProblem) -> dict[str, Any]:
+    return {
+        "source_file": file,
+        "source_line": row.line,
+        "source_system": src.name,
+        "record_id": _raw_id(src, row),
+        "rule": problem.rule,
+        "column": problem.column,
+        "detail": problem.detail,
+        "raw": row.raw,
+    }
+
+
+def read_rows(src: Source, file: str, data: bytes, p: AssetizeParams) -> tuple[str, list[Row]]:
+    """``(encoding, rows)`` of one file of ``src`` (file-level problems raise :class:`ClapError`)."""
     if not data:
         raise ClapError("file is empty (0 bytes)", file=file, rule="empty_file")
-    text, encoding = decode(data, encodings, file)
-    rows = (_csv_rows if RAW_FILES[file].kind == "csv" else _jsonl_rows)(text, file)
-    parser, result, seen = PARSERS[file], FileResult(encoding, rows_in=len(rows)), {}
-    for line, raw, parsed, rid in rows:
+    if src.format in ("parquet", "xlsx"):
+        return "", _tabular_rows(src, data, file)
+    decoded = decode_file(data, list(src.encodings), file, max_bad_line_share=p.max_bad_line_share)
+    if src.format == "csv":
+        rows = _csv_rows(src, decoded.text, decoded.bad_lines, file)
+    elif src.format == "jsonl":
+        rows = _jsonl_rows(src, decoded.text, decoded.bad_lines, file, p.max_json_depth)
+    else:
+        if decoded.bad_lines:
+            k = min(decoded.bad_lines)
+            raise ClapError(
+                f"undecodable bytes in a JSON document: {decoded.bad_lines[k]}",
+                file=file,
+                row=k,
+                rule="bad_encoding",
+            )
+        rows = _json_rows(src, decoded.text, file, p.max_json_depth)
+    return decoded.encoding, (_table_rows(src, rows) if src.table else rows)
+
+
+def parse_file(src: Source, file: str, data: bytes, p: AssetizeParams, seen: dict) -> FileResult:
+    """Read one file of ``src`` into asset rows and rejects (each row in exactly one).
+
+    ``seen`` (unique key -> (file, line)) is shared by all files of the source, so the same id
+    in two files is a duplicate.
+    """
+    encoding, rows = read_rows(src, file, data, p)
+    result = FileResult(src.name, file, encoding, rows_in=len(rows))
+    id_column = src.fields[src.id].path or src.id
+    for row in rows:
         try:
-            if isinstance(parsed, RowProblem):
-                raise parsed
-            row = parser.row(parsed)
-            key = parser.key(row)
+            if isinstance(row.node, RowProblem):
+                raise row.node
+            asset_row = map_row(src, row.node)
+            key = tuple(str(asset_row[c]) for c in src.unique)
             if key in seen:
-                raise RowProblem("duplicate_id", ID_FIELDS[file], f"{key[-1]} already seen at line {seen[key]}")
-            seen[key] = line
-            result.rows.append({**row, "source_file": file, "source_line": line})
+                at_file, at_line = seen[key]
+                where = f"line {at_line}" if at_file == file else f"{at_file} line {at_line}"
+                raise RowProblem("duplicate_id", id_column, f"{key[-1]} already seen at {where}")
+            seen[key] = (file, row.line)
+            result.rows.append({**asset_row, "source_file": file, "source_line": row.line})
         except RowProblem as problem:
-            result.rejects.append(_reject(file, line, rid, problem, raw))
+            result.rejects.append(_reject(src, file, row, problem))
     return result
 
 
-# --- batch -------------------------------------------------------------------------------
+# --- batch -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Assetized:
-    """Assets of one batch and what each raw file contributed."""
+    """Assets of one batch and what each (source, file) contributed."""
 
     assets: dict[str, pd.DataFrame]
-    files: dict[str, FileResult]
+    files: list[FileResult]
 
 
-def list_batch(raw_dir: Path) -> list[str]:
-    """The batch's raw file names; any unexpected entry, missing file or empty folder is an error."""
+def list_batch(raw_dir: Path, sources: tuple[Source, ...], ignore: list[str]) -> dict[str, list[str]]:
+    """source name -> its files (paths relative to the batch folder, sorted).
+
+    Every file of the folder must be read by a source or ignored, and every source must find a file.
+    """
     if not raw_dir.is_dir():
         raise ClapError("batch folder does not exist", file=raw_dir, rule="missing_batch")
-    names = sorted(p.name for p in raw_dir.iterdir())
-    if not names:
+    present = sorted(p.relative_to(raw_dir).as_posix() for p in raw_dir.rglob("*") if p.is_file())
+    if not present:
         raise ClapError("batch folder is empty", file=raw_dir, rule="empty_batch")
-    for name in names:
-        if (name not in RAW_FILES and name not in IGNORED_FILES) or (raw_dir / name).is_dir():
-            raise ClapError(f"unexpected entry in the batch folder (expected {sorted(RAW_FILES)})",
-                            file=raw_dir / name, rule="unknown_file")
-    missing = sorted(set(RAW_FILES) - set(names))
-    if missing:
-        raise ClapError(f"required raw file {missing[0]!r} is missing", file=raw_dir / missing[0], rule="missing_file")
-    return sorted(RAW_FILES)
+    out = {s.name: _glob(raw_dir, s.files) for s in sources}
+    read, ignored = set().union(*out.values()), set().union(*(_glob(raw_dir, g) for g in ignore))
+    for f in present:
+        if f not in read and f not in ignored:
+            declared = sorted({s.files for s in sources})
+            raise ClapError(
+                f"unexpected file in the batch folder: no source reads it (declared: {declared}) and "
+                f"assetize.ignore does not list it",
+                file=raw_dir / f,
+                rule="unknown_file",
+            )
+    for s in sources:
+        if not out[s.name]:
+            raise ClapError(
+                f"source {s.name!r} finds no file matching {s.files!r}",
+                file=raw_dir / s.files,
+                rule="missing_file",
+            )
+    return out
+
+
+def _glob(raw_dir: Path, pattern: str) -> list[str]:
+    return sorted(p.relative_to(raw_dir).as_posix() for p in raw_dir.glob(pattern) if p.is_file())
 
 
 def assetize_batch(raw_dir: Path | str, p: AssetizeParams) -> Assetized:
-    """Parse every raw file of a batch folder into the asset frames of the data contract.
+    """Parse every raw file of a batch folder, as declared, into the asset frames of the data contract.
 
     Args:
         raw_dir: ``data/raw/<batch>``.
-        p: the ``assetize`` params.
+        p: the ``assetize`` params (its ``sources`` declare every export).
 
     Returns:
-        Frames ``records, kb, sft, eval, replay, grpo, rejects`` and per-file results.
+        Frames ``records, kb, sft, eval, replay, grpo, rejects`` and per-(source, file) results.
     """
     raw_dir = Path(raw_dir)
-    files = {name: parse_file(name, (raw_dir / name).read_bytes(), p.encodings) for name in list_batch(raw_dir)}
+    sources = p.declared()
+    listed = list_batch(raw_dir, sources, p.ignore)
+    seen: dict[str, dict] = {s.name: {} for s in sources}
+    # in file-path order (then declaration order): the assets' row order does not depend on how the
+    # declaration happens to be ordered
+    pairs = sorted(((f, k) for k, s in enumerate(sources) for f in listed[s.name]))
+    files = [
+        parse_file(sources[k], f, (raw_dir / f).read_bytes(), p, seen[sources[k].name]) for f, k in pairs
+    ]
+    target = {"records": "records", "documents": "kb", "questions": "items"}
     rows: dict[str, list[dict]] = {"records": [], "kb": [], "items": [], "rejects": []}
-    for name, res in files.items():
-        rows[PARSERS[name].asset].extend(res.rows)
+    by_name = {s.name: s for s in sources}
+    for res in files:
+        rows[target[by_name[res.source].target]].extend(res.rows)
         rows["rejects"].extend(res.rejects)
+    _resolve_documents_of(rows["items"], rows["kb"])
     items = _frame(rows["items"], ITEM_COLUMNS)
     sft = items[items["split"] == "train"].reset_index(drop=True)
     assets = {
@@ -530,6 +741,17 @@ def assetize_batch(raw_dir: Path | str, p: AssetizeParams) -> Assetized:
     return Assetized(assets, files)
 
 
+def _resolve_documents_of(items: list[dict], docs: list[dict]) -> None:
+    """``documents_of`` fields become the JSON list of the ids of the documents of that group."""
+    groups: dict[str, list[str]] = {}
+    for d in docs:
+        groups.setdefault(str(d["record_ref"]), []).append(str(d["doc_id"]))
+    for it in items:
+        for k, v in it.items():
+            if isinstance(v, tuple) and v[:1] == ("documents_of",):
+                it[k] = json.dumps(groups.get(v[1], []), ensure_ascii=False)
+
+
 def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
     """Rows as a frame with the contract's dtypes (also when there are no rows)."""
     dtypes = {c: "int64" if c == "source_line" else "float64" if c == "value" else "str" for c in columns}
@@ -537,19 +759,27 @@ def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def batch_metrics(result: Assetized) -> dict[str, Any]:
-    """Flat metrics: conservation per file and batch, rejects per rule, asset sizes, encodings."""
+    """Flat metrics: conservation per source and batch, rejects per rule, asset sizes; encodings per file."""
     m: dict[str, Any] = {}
-    total_in = total_assets = total_rej = 0
-    for name, res in result.files.items():
-        stem = name.split(".")[0]
-        n_assets, n_rej = len(res.rows), len(res.rejects)
-        m.update({f"{stem}.rows_in": res.rows_in, f"{stem}.rows_assets": n_assets, f"{stem}.rows_rejected": n_rej,
-                  f"{stem}.encoding": res.encoding, f"{stem}.conservation_ok": res.rows_in == n_assets + n_rej})
-        total_in, total_assets, total_rej = total_in + res.rows_in, total_assets + n_assets, total_rej + n_rej
+    per: dict[str, list[int]] = {}
+    for res in result.files:
+        c = per.setdefault(res.source, [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + res.rows_in, c[1] + len(res.rows), c[2] + len(res.rejects)
+        if res.encoding:
+            m[f"{res.source}.{res.file}.encoding"] = res.encoding
+    for name, (n_in, n_assets, n_rej) in per.items():
+        m.update(
+            {
+                f"{name}.rows_in": n_in,
+                f"{name}.rows_assets": n_assets,
+                f"{name}.rows_rejected": n_rej,
+                f"{name}.conservation_ok": n_in == n_assets + n_rej,
+            }
+        )
     rules = result.assets["rejects"]["rule"].value_counts()
     m.update({f"rejected.{r}": int(rules.get(r, 0)) for r in RULES})
     m.update({f"assets.{a}": len(result.assets[a]) for a in ASSETS})
-    m.update({"rows_in": total_in, "rows_assets": total_assets, "rows_rejected": total_rej})
-    m["conservation_ok"] = total_in == total_assets + total_rej and all(
-        m[f"{n.split('.')[0]}.conservation_ok"] for n in result.files)
+    total = [sum(c[k] for c in per.values()) for k in range(3)]
+    m.update({"rows_in": total[0], "rows_assets": total[1], "rows_rejected": total[2]})
+    m["conservation_ok"] = total[0] == total[1] + total[2] and all(m[f"{n}.conservation_ok"] for n in per)
     return m

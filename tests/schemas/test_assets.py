@@ -85,7 +85,14 @@ def test_coerce_turns_numeric_text_into_numbers():
 
 BAD = [  # (what, model, good row, change of the last row, failing column, failing check)
     ("duplicate record_id", RecordsAsset, RECORD, {"record_id": "SR-1-0"}, "record_id", "field_uniqueness"),
-    ("unknown source system", RecordsAsset, RECORD, {"source_system": "erp"}, "source_system", "isin"),
+    (
+        "source system not a source name",
+        RecordsAsset,
+        RECORD,
+        {"source_system": "ERP export"},
+        "source_system",
+        "str_matches",
+    ),
     ("null value", RecordsAsset, RECORD, {"value": None}, "value", "not_nullable"),
     ("infinite value", RecordsAsset, RECORD, {"value": math.inf}, "value", "finite"),
     ("value not a number", RecordsAsset, RECORD, {"value": "n/a"}, "value", "coerce_dtype"),
@@ -121,7 +128,14 @@ BAD = [  # (what, model, good row, change of the last row, failing column, faili
         "json_list_of_strings",
     ),
     ("unknown reject rule", RejectsAsset, REJECT, {"rule": "looks_odd"}, "rule", "isin"),
-    ("unknown reject system", RejectsAsset, REJECT, {"source_system": "erp"}, "source_system", "isin"),
+    (
+        "reject system not a source name",
+        RejectsAsset,
+        REJECT,
+        {"source_system": ""},
+        "source_system",
+        "str_matches",
+    ),
     ("null reject detail", RejectsAsset, REJECT, {"detail": None}, "detail", "not_nullable"),
 ]
 

@@ -44,7 +44,8 @@ def test_stage_writes_valid_assets_and_conserving_metrics(tmp_path):
     assert all(isinstance(v, (int, float, str, bool)) for v in m.values())  # flat for DVC
     assert m["conservation_ok"] is True and m["rows_in"] == sum(manifest["rows"].values())
     record = json.loads((tmp_path / "records" / "2026-04.json").read_text())  # provenance, not metrics
-    assert record["maintenance_tickets.encoding"] == "cp1252" and "maintenance_tickets.encoding" not in m
+    key = "cmms.maintenance_tickets.csv.encoding"
+    assert record[key] == "cp1252" and key not in m
     assert {k for k in record if k.startswith("sha256_")} and not any("sha256" in k for k in m)
     noise = manifest["noise"]
     assert (

@@ -142,10 +142,10 @@ def test_split_csv_skips_blank_lines_but_counts_them():
     ).filter(str.strip)
 )
 def test_mes_dates_are_kept_as_found(date_text):
-    spec = A.RAW_FILES[A.MES]
+    spec = next(s for s in P.declared() if s.name == "mes")
     row = ["SR-1", date_text, "L3", "B", "Scrap Rate", "2,4", "%", ""]
     text = ";".join(spec.columns) + "\n" + ";".join(csv_field(f, ";") for f in row) + "\n"
-    res = A.parse_file(A.MES, text.encode("utf-8"), ["utf-8"])
+    res = A.parse_file(spec, "mes_shift_reports.csv", text.encode("utf-8"), P, {})
     assert res.rejects == [] and res.rows[0]["date_raw"] == date_text and res.rows[0]["value"] == 2.4
 
 
@@ -162,10 +162,11 @@ def test_every_raw_row_lands_in_exactly_one_place(batch):
     manifest = json.loads((RAW / name / "MANIFEST.json").read_text())
     m = A.batch_metrics(res)
     assert m["conservation_ok"] and m["rows_in"] == m["rows_assets"] + m["rows_rejected"]
-    for file, fr in res.files.items():
-        assert fr.rows_in == manifest["rows"][file] == len(fr.rows) + len(fr.rejects)
-    kept = {(r["source_file"], r["source_line"]) for fr in res.files.values() for r in fr.rows}
-    rejected = {(r["source_file"], r["source_line"]) for fr in res.files.values() for r in fr.rejects}
+    assert len(res.files) == len(manifest["rows"])
+    for fr in res.files:
+        assert fr.rows_in == manifest["rows"][fr.file] == len(fr.rows) + len(fr.rejects)
+    kept = {(r["source_file"], r["source_line"]) for fr in res.files for r in fr.rows}
+    rejected = {(r["source_file"], r["source_line"]) for fr in res.files for r in fr.rejects}
     assert not kept & rejected and len(kept) + len(rejected) == m["rows_in"]
 
 
@@ -185,7 +186,7 @@ def test_rejects_are_exactly_the_injected_malformed_and_duplicate_rows(batch):
 
 def test_source_lines_point_at_the_row_start(batch):
     name, res = batch
-    texts = {f: (RAW / name / f).read_bytes().decode(res.files[f].encoding).split("\n") for f in A.RAW_FILES}
+    texts = {f.file: (RAW / name / f.file).read_bytes().decode(f.encoding).split("\n") for f in res.files}
     for asset, key in (("records", "record_id"), ("kb", "doc_id"), ("sft", "item_id"), ("eval", "item_id")):
         df = res.assets[asset]
         for file, line, rid in zip(df.source_file, df.source_line, df[key]):
@@ -207,6 +208,8 @@ def test_assets_split_the_question_log_and_grpo_mirrors_sft(batch):
 def test_only_the_windows_export_needs_cp1252(batch):
     name, res = batch
     manifest = json.loads((RAW / name / "MANIFEST.json").read_text())
-    for file, fr in res.files.items():
-        assert fr.encoding == ("cp1252" if manifest["encodings"][file] == "cp1252" else "utf-8-sig"), file
+    for fr in res.files:
+        assert fr.encoding == ("cp1252" if manifest["encodings"][fr.file] == "cp1252" else "utf-8-sig"), (
+            fr.file
+        )
     assert res.assets["records"]["text"].str.contains("°C").any()

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from clap.data import assetize as A
+from clap.demo.exports import CMMS, KB, MES, QLOG, QMS
 from clap.errors import ClapError
+from clap.params import raw_section
 
-PARAMS = A.AssetizeParams(encodings=["utf-8-sig", "cp1252"])
+ROOT = Path(__file__).resolve().parents[3]
+DECLARED = raw_section("assetize", ROOT / "params.yaml")  # the demo's five sources, as declared
+PARAMS = A.AssetizeParams(**DECLARED)
 MES_HEAD = "report_id;shift_date;line;shift;kpi;value;uom;remark\n"
 CMMS_HEAD = "ticket_id,opened,line,shift,category,downtime_min,summary\r\n"
 GOLD = (
@@ -18,13 +22,13 @@ GOLD = (
     '"evidence": "FPY was 98.2 %", "doc_id": "KB-1"}'
 )
 GOOD = {
-    A.MES: MES_HEAD + "SR-1;14.03.2026;L3;B;Scrap Rate;2,4;%;ok\nSR-2;14.03.2026;L4;B;OEE;1.081,5;%;\n",
-    A.QMS: '{"inspection_id": "QI-1", "recorded_at": "2026-03-14T06:40:00+01:00", "station": {"line": "L3", '
+    MES: MES_HEAD + "SR-1;14.03.2026;L3;B;Scrap Rate;2,4;%;ok\nSR-2;14.03.2026;L4;B;OEE;1.081,5;%;\n",
+    QMS: '{"inspection_id": "QI-1", "recorded_at": "2026-03-14T06:40:00+01:00", "station": {"line": "L3", '
     '"shift": "A"}, "result": {"characteristic": "FPY", "measured": 98.2, "unit": "%"}, "inspector": null}\n',
-    A.CMMS: CMMS_HEAD
+    CMMS: CMMS_HEAD
     + 'WO-1,03/14/2026 07:15,L3,A,Mechanical,42,"Belt slipped, ""loud"".\nRe-tensioned at 85 °C."\r\n',
-    A.KB: '{"doc_id": "KB-1", "system": "qms", "record_ref": "QI-1", "title": "t", "body": "FPY was 98.2 %."}\n',
-    A.QLOG: "".join(
+    KB: '{"doc_id": "KB-1", "system": "qms", "record_ref": "QI-1", "title": "t", "body": "FPY was 98.2 %."}\n',
+    QLOG: "".join(
         f'{{"question_id": "Q-{i}", "logged_at": "2026-03-15T09:00:00+01:00", "split": "{s}", '
         f'"question": "FPY on L3, shift A, 14 March?", "question_type": "direct", '
         f'"context_doc_ids": {ctx}, {GOLD}}}\n'
@@ -96,16 +100,17 @@ def test_unexpected_file(tmp_path):
     assert e.value.rule == "unknown_file" and Path(e.value.file).name == "export.xlsx"
 
 
-def test_unexpected_folder(tmp_path):
+def test_file_in_an_unexpected_folder(tmp_path):
     (make_batch(tmp_path) / "old").mkdir()
+    (tmp_path / "2026-03" / "old" / MES).write_text(GOOD[MES])  # globs see into folders: no source reads old/
     with pytest.raises(ClapError) as e:
         A.assetize_batch(tmp_path / "2026-03", PARAMS)
-    assert e.value.rule == "unknown_file"
+    assert e.value.rule == "unknown_file" and Path(e.value.file).parts[-2:] == ("old", MES)
 
 
 def test_missing_raw_file(tmp_path):
     err = raises(tmp_path, "missing_file", kb_documents=None)
-    assert Path(err.file).name == A.KB
+    assert Path(err.file).name == KB
 
 
 @pytest.mark.parametrize("stem", ["mes_shift_reports", "question_log"])
@@ -119,36 +124,37 @@ def test_jsonl_of_blank_lines_is_empty(tmp_path):
 
 def test_header_only_csv(tmp_path):
     err = raises(tmp_path, "header_only", maintenance_tickets=CMMS_HEAD)
-    assert err.file == A.CMMS and err.row == 1
+    assert err.file == CMMS and err.row == 1
 
 
 def test_missing_required_column(tmp_path):
-    text = GOOD[A.MES].replace("uom;", "unit;")
+    text = GOOD[MES].replace("uom;", "unit;")
     err = raises(tmp_path, "missing_column", mes_shift_reports=text)
-    assert (err.file, err.row, err.column) == (A.MES, 1, "uom")
+    assert (err.file, err.row, err.column) == (MES, 1, "uom")
 
 
 def test_unknown_column(tmp_path):
-    text = GOOD[A.CMMS].replace("summary\r\n", "summary,priority\r\n", 1)
+    text = GOOD[CMMS].replace("summary\r\n", "summary,priority\r\n", 1)
     assert raises(tmp_path, "unknown_column", maintenance_tickets=text).column == "priority"
 
 
 def test_undecodable_bytes_name_the_offset(tmp_path):
-    data = GOOD[A.MES].encode() + b"SR-3;15.03.2026;L1;A;OEE;70,1;%;\x81\n"
+    data = GOOD[MES].encode() + b"SR-3;15.03.2026;L1;A;OEE;70,1;%;\x81\n"
     err = raises(tmp_path, "bad_encoding", mes_shift_reports=data)
     offset = data.index(b"\x81")
-    assert err.file == A.MES and err.row == 4 and f"byte offset {offset}" in str(err)
+    assert err.file == MES and err.row == 4 and f"byte offset {offset}" in str(err)
 
 
 def test_unknown_encoding_in_params(tmp_path):
+    sources = {**DECLARED["sources"], "mes": {**DECLARED["sources"]["mes"], "encodings": ["utf-9"]}}
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(make_batch(tmp_path), A.AssetizeParams(encodings=["utf-9"]))
+        A.assetize_batch(make_batch(tmp_path), A.AssetizeParams(**{**DECLARED, "sources": sources}))
     assert e.value.rule == "bad_params"
 
 
 def test_json_line_that_is_not_an_object(tmp_path):
-    err = raises(tmp_path, "not_an_object", quality_inspections=GOOD[A.QMS] + '["QI-2", 1]\n')
-    assert (err.file, err.row) == (A.QMS, 2)
+    err = raises(tmp_path, "not_an_object", quality_inspections=GOOD[QMS] + '["QI-2", 1]\n')
+    assert (err.file, err.row) == (QMS, 2)
 
 
 # --- row-level: rejects --------------------------------------------------------------------
@@ -162,14 +168,14 @@ def one_reject(tmp_path, **files) -> dict:
 
 def test_bad_json_line(tmp_path):
     r = one_reject(
-        tmp_path, kb_documents=GOOD[A.KB] + '{"doc_id": "KB-2", "title": "Shift "report"", "body": "x"}\n'
+        tmp_path, kb_documents=GOOD[KB] + '{"doc_id": "KB-2", "title": "Shift "report"", "body": "x"}\n'
     )
     assert (r["rule"], r["source_line"], r["source_system"]) == ("bad_json", 2, "kb")
 
 
 def test_broken_quoting_in_csv(tmp_path):
     text = (
-        GOOD[A.MES]
+        GOOD[MES]
         + 'SR-3;15.03.2026;L1;A;OEE;70,1;%;"Operator wrote "jam" here"\nSR-4;15.03.2026;L1;A;CT;40,2;s;\n'
     )
     res = run(tmp_path, mes_shift_reports=text)
@@ -183,13 +189,13 @@ def test_broken_quoting_in_csv(tmp_path):
 def test_unterminated_multiline_quote_at_end_of_file(tmp_path):
     r = one_reject(
         tmp_path,
-        maintenance_tickets=GOOD[A.CMMS] + 'WO-2,03/15/2026 08:00,L1,A,Electrical,5,"never closed\r\n',
+        maintenance_tickets=GOOD[CMMS] + 'WO-2,03/15/2026 08:00,L1,A,Electrical,5,"never closed\r\n',
     )
     assert (r["rule"], r["column"], r["source_line"]) == ("broken_quoting", "summary", 4)
 
 
 def test_wrong_field_count(tmp_path):
-    r = one_reject(tmp_path, mes_shift_reports=GOOD[A.MES] + "SR-3;15.03.2026;L1;A;OEE;70,1;%\n")
+    r = one_reject(tmp_path, mes_shift_reports=GOOD[MES] + "SR-3;15.03.2026;L1;A;OEE;70,1;%\n")
     assert (r["rule"], r["record_id"]) == ("field_count", "SR-3")
 
 
@@ -199,10 +205,10 @@ def test_wrong_field_count(tmp_path):
         ("mes_shift_reports", MES_HEAD + "SR-9;14.03.2026; ;B;OEE;70,1;%;\n", "line"),
         (
             "quality_inspections",
-            GOOD[A.QMS].replace('"recorded_at": "2026-03-14T06:40:00+01:00", ', ""),
+            GOOD[QMS].replace('"recorded_at": "2026-03-14T06:40:00+01:00", ', ""),
             "recorded_at",
         ),
-        ("question_log", GOOD[A.QLOG].replace('"value": 98.2', '"value": null', 1), "gold.value"),
+        ("question_log", GOOD[QLOG].replace('"value": 98.2', '"value": null', 1), "gold.value"),
     ],
 )
 def test_missing_field(tmp_path, stem, text, column):
@@ -224,11 +230,11 @@ def test_missing_field(tmp_path, stem, text, column):
             CMMS_HEAD + "WO-9,03/14/2026 07:15,L3,A,Tooling,approx. 30,x\r\n",
             "downtime_min",
         ),
-        ("quality_inspections", GOOD[A.QMS].replace("98.2", "NaN"), "result.measured"),
-        ("quality_inspections", GOOD[A.QMS].replace("98.2", "true"), "result.measured"),
-        ("quality_inspections", GOOD[A.QMS].replace('{"line": "L3", "shift": "A"}', '"L3/A"'), "station"),
-        ("question_log", GOOD[A.QLOG].replace('["KB-1"]', '"KB-1"', 1), "context_doc_ids"),
-        ("kb_documents", GOOD[A.KB].replace('"FPY was 98.2 %."', '["FPY was 98.2 %."]'), "body"),
+        ("quality_inspections", GOOD[QMS].replace("98.2", "NaN"), "result.measured"),
+        ("quality_inspections", GOOD[QMS].replace("98.2", "true"), "result.measured"),
+        ("quality_inspections", GOOD[QMS].replace('{"line": "L3", "shift": "A"}', '"L3/A"'), "station"),
+        ("question_log", GOOD[QLOG].replace('["KB-1"]', '"KB-1"', 1), "context_doc_ids"),
+        ("kb_documents", GOOD[KB].replace('"FPY was 98.2 %."', '["FPY was 98.2 %."]'), "body"),
     ],
 )
 def test_wrong_type(tmp_path, stem, text, column):
@@ -237,7 +243,7 @@ def test_wrong_type(tmp_path, stem, text, column):
 
 
 def test_duplicate_id_keeps_the_first(tmp_path):
-    text = GOOD[A.MES] + "SR-1;14.03.2026;L3;B;Scrap Rate;9,9;%;resent\n"
+    text = GOOD[MES] + "SR-1;14.03.2026;L3;B;Scrap Rate;9,9;%;resent\n"
     res = run(tmp_path, mes_shift_reports=text)
     r = res.assets["rejects"].to_dict("records")
     assert [(x["rule"], x["source_line"], x["record_id"]) for x in r] == [("duplicate_id", 4, "SR-1")]
@@ -245,17 +251,18 @@ def test_duplicate_id_keeps_the_first(tmp_path):
 
 
 def test_same_question_id_in_two_splits_is_not_a_duplicate(tmp_path):
-    text = GOOD[A.QLOG].replace('"Q-1"', '"Q-0"')  # eval reuses the train ID: overlap, for normalize
+    text = GOOD[QLOG].replace('"Q-1"', '"Q-0"')  # eval reuses the train ID: overlap, for normalize
     res = run(tmp_path, question_log=text)
     assert len(res.assets["rejects"]) == 0 and res.assets["eval"]["item_id"].tolist() == ["Q-0"]
 
 
 def test_unknown_split(tmp_path):
-    r = one_reject(tmp_path, question_log=GOOD[A.QLOG].replace('"split": "replay"', '"split": "test"'))
+    r = one_reject(tmp_path, question_log=GOOD[QLOG].replace('"split": "replay"', '"split": "test"'))
     assert (r["rule"], r["column"], r["record_id"]) == ("unknown_split", "split", "Q-2")
 
 
 def test_cp1252_file_is_decoded_and_recorded(tmp_path):
-    res = run(tmp_path, maintenance_tickets=GOOD[A.CMMS].encode("cp1252"))
-    assert res.files[A.CMMS].encoding == "cp1252" and res.files[A.MES].encoding == "utf-8-sig"
+    res = run(tmp_path, maintenance_tickets=GOOD[CMMS].encode("cp1252"))
+    encodings = {f.file: f.encoding for f in res.files}
+    assert encodings[CMMS] == "cp1252" and encodings[MES] == "utf-8-sig"
     assert "85 °C" in res.assets["records"].set_index("record_id").loc["WO-1", "text"]

@@ -18,15 +18,18 @@ import pytest
 
 from clap import cli
 from clap.data import assetize as A
+from clap.data.sources import Node, RowProblem
 from clap.demo import exports
 from clap.demo import generate as demo
 from clap.demo import noise as demo_noise
 from clap.demo.render import build_rows
 from clap.demo.world import build_world, number_tokens, wrong_column_answers
+from clap.params import section
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "data" / "raw"
 P = demo.load_params(ROOT / "params.yaml")
+DECLARED = {s.name: s for s in section("assetize", A.AssetizeParams, ROOT / "params.yaml").declared()}
 CANON_UNITS = {"%", "pcs", "min", "s", "ppm"}
 LOOKALIKE = re.compile("[\u00a0\u0410\u0412\u0421\u2013\uff10-\uff19]")
 
@@ -54,8 +57,8 @@ def test_only_the_demo_batches_are_in_git_a_users_batch_is_ignored():
         return done.returncode == 0
 
     for batch in P.batches:
-        assert not ignored(f"data/raw/{batch}/{A.QLOG}"), f"add !/{batch}/ to data/raw/.gitignore"
-    assert ignored(f"data/raw/2099-01/{A.QLOG}") and ignored("data/raw/2099-01")
+        assert not ignored(f"data/raw/{batch}/{exports.QLOG}"), f"add !/{batch}/ to data/raw/.gitignore"
+    assert ignored(f"data/raw/2099-01/{exports.QLOG}") and ignored("data/raw/2099-01")
     assert not ignored("data/raw/2099-01.dvc") and not ignored("data/raw/.gitignore")
 
 
@@ -86,10 +89,10 @@ def _loads(line: str):
 def _questions(files) -> list[dict]:
     """Well-formed question rows, first occurrence of each (split, id)."""
     seen, out = set(), []
-    for obj in map(_loads, files[A.QLOG].decode().splitlines()):
+    for obj in map(_loads, files[exports.QLOG].decode().splitlines()):
         try:
-            A.check_fields(obj or {}, A.QLOG_FIELDS)
-        except A.RowProblem:
+            A.map_row(DECLARED["question_log"], Node(obj or {}))
+        except RowProblem:
             continue
         if (obj["split"], obj["question_id"]) not in seen:
             seen.add((obj["split"], obj["question_id"]))
@@ -99,7 +102,7 @@ def _questions(files) -> list[dict]:
 
 def _kb(files) -> dict[str, dict]:
     docs = {}
-    for obj in map(_loads, files[A.KB].decode().splitlines()):
+    for obj in map(_loads, files[exports.KB].decode().splitlines()):
         if obj and isinstance(obj.get("body"), str) and "record_ref" in obj:
             docs.setdefault(obj["doc_id"], obj)
     return docs
@@ -128,7 +131,7 @@ def _evidence_kind(q: dict, kb: dict[str, dict]) -> str | None:
 def test_question_log_noise_recounted_from_the_file(generated):
     for batch, files in generated.items():
         manifest, qs, kb = json.loads(files["MANIFEST.json"]), _questions(files), _kb(files)
-        noise = manifest["noise_by_file"][A.QLOG]
+        noise = manifest["noise_by_file"][exports.QLOG]
         found = {
             k: 0
             for k in ("evidence_missing_value", "evidence_not_verbatim", "evidence_not_verbatim_unrepairable")
@@ -161,19 +164,19 @@ def test_question_log_noise_recounted_from_the_file(generated):
 def _record_slots(files) -> dict[str, tuple[str, str, str]]:
     """record_id -> (line, shift, ISO date) of the well-formed MES/QMS/CMMS rows."""
     slots = {}
-    for rec in A.split_csv(files[A.MES].decode(), ";")[1:]:
+    for rec in A.split_csv(files[exports.MES].decode(), ";")[1:]:
         if not rec.error and rec.fields[1]:
             d = rec.fields[1]
             iso = d if "-" in d else dt.datetime.strptime(d, "%d.%m.%Y").date().isoformat()
             slots[rec.fields[0]] = (rec.fields[2], rec.fields[3], iso)
-    for obj in map(_loads, files[A.QMS].decode().splitlines()):
+    for obj in map(_loads, files[exports.QMS].decode().splitlines()):
         if obj and isinstance(obj.get("station"), dict) and "recorded_at" in obj and "line" in obj["station"]:
             slots[obj["inspection_id"]] = (
                 obj["station"]["line"],
                 obj["station"]["shift"],
                 obj["recorded_at"][:10].replace("/", "-"),
             )
-    cmms = files[A.CMMS].decode("cp1252" if b"\xb0" in files[A.CMMS] else "utf-8")
+    cmms = files[exports.CMMS].decode("cp1252" if b"\xb0" in files[exports.CMMS] else "utf-8")
     for rec in A.split_csv(cmms, ",", frozenset({6}))[1:]:
         if not rec.error and rec.fields[1]:
             d = rec.fields[1].split()[0]
@@ -313,7 +316,7 @@ def test_cli_writes_batches_and_reports_errors(tmp_path, capsys):
         )
         == 0
     )
-    assert (tmp_path / "2026-06" / A.QLOG).read_bytes() == (RAW / "2026-06" / A.QLOG).read_bytes()
+    assert (tmp_path / "2026-06" / exports.QLOG).read_bytes() == (RAW / "2026-06" / exports.QLOG).read_bytes()
     assert (
         cli.main(
             [
@@ -332,13 +335,15 @@ def test_cli_writes_batches_and_reports_errors(tmp_path, capsys):
 
 
 def test_the_demo_writes_the_files_assetize_reads():
-    """The generator describes its exports itself (it imports nothing of the product): they must be what assetize reads."""
-    assert set(exports.EXPORTS) == set(A.RAW_FILES) and exports.SPLITS == A.SPLITS
+    """The generator describes its exports itself (it imports nothing of the product): they must be what
+    params `assetize.sources` declares."""
+    assert exports.SPLITS == A.SPLITS
+    assert sorted(exports.EXPORTS) == sorted(s.files for s in DECLARED.values())
     for name, e in exports.EXPORTS.items():
-        spec = A.RAW_FILES[name]
+        (spec,) = [s for s in DECLARED.values() if s.files == name]
         assert (e.kind, e.system, e.columns, e.delimiter) == (
-            spec.kind,
-            spec.system,
+            spec.format,
+            spec.name,
             spec.columns,
             spec.delimiter,
         ), name
