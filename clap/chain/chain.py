@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding
+from clap.chain.grounding import AnswerSpace, check_decoding, constrainer_for
 from clap.chain.retrieval import KBIndex, RetrievalParams
 from clap.errors import ClapError
 from clap.model.generate import Generation, generate_batched
@@ -106,13 +106,7 @@ class Chain:
         self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams, space: AnswerSpace | None
     ):
         self.model, self.tokenizer, self.index, self.p = model, tokenizer, index, p
-        self.constrainer = None
-        if p.decoding == "constrained":
-            if space is None:
-                raise ClapError(
-                    "chain.decoding is constrained but no answer space was given", rule="bad_params"
-                )
-            self.constrainer = Constrainer(space, model, tokenizer)
+        self.constrainer = constrainer_for(p.decoding, space, model, tokenizer)
 
     def retrieve(self, question: str) -> Retrieved:
         """The top-k documents for ``question`` from the index."""

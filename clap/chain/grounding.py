@@ -77,3 +77,14 @@ class Constrainer:
 
     def __call__(self, contexts: Sequence[Docs | None]) -> Constraint:
         return Constraint(self.grammars, [self.grammars.compile(self.space.schema(d)) for d in contexts])
+
+
+def constrainer_for(
+    decoding: str, space: AnswerSpace | None, model: Any, tokenizer: Any
+) -> Constrainer | None:
+    """The constrainer a ``decoding`` mode needs (None for free decoding); constrained without a space is an error."""
+    if decoding != "constrained":
+        return None
+    if space is None:
+        raise ClapError("chain.decoding is constrained but no answer space was given", rule="bad_params")
+    return Constrainer(space, model, tokenizer)

@@ -107,7 +107,9 @@ _NUMBER = re.compile(
 )
 _CANONICAL = re.compile(r"-?\d+(?:\.\d+)?", re.ASCII)  # a number token after normalization
 _CURRENCY_AT_EDGE = re.compile(rf"(?<!\d)[{_CURRENCY}]|[{_CURRENCY}](?!\d)")
-_SPACE_NEXT_TO_SYMBOL = re.compile(r"\s+(?=[^\d\s])|(?<=[^\d\s])\s+")
+# spaces next to a symbol ("$ 243,513", "12 %") join it to the number; next to a separator they
+# do not ("1. 2" is two numbers, not 1.2)
+_SPACE_NEXT_TO_SYMBOL = re.compile(r"\s+(?=[^\d\s.,])|(?<=[^\d\s.,])\s+")
 _UNIT_WORDS = frozenset(SCALES) - {""}  # a trailing word that gives a number its own unit
 _TWO_PLACES, _FOUR_PLACES = Decimal("0.01"), Decimal("0.0001")
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from clap import io, params
 from clap.chain.chain import ChainParams
-from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding
+from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding, constrainer_for
 from clap.errors import ClapError
 from clap.judge.scored import ROLES, SCORED_COLUMNS, TIMING_COLUMNS
 from clap.model.base import ADAPTER_FILE, base_sha256
@@ -162,15 +162,6 @@ def item_contexts(items: pd.DataFrame, kb: pd.DataFrame) -> list[list[tuple[str,
     return [item_docs(row, bodies) for row in items.to_dict("records")]
 
 
-def prompts_and_contexts(
-    items: pd.DataFrame, kb: pd.DataFrame
-) -> tuple[list[list[dict[str, str]]], list[str]]:
-    """Chat messages and scoring context of each eval item, in item order."""
-    docs = item_contexts(items, kb)
-    chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
-    return chats, [context_text(d) for d in docs]
-
-
 def _as_text(value: Any) -> str | None:
     """A parsed field as text for the record (non-strings as JSON, absent as None)."""
     if value is None:
@@ -234,12 +225,10 @@ def generate_for(
 
     model = load_model(base_dir, spec.adapter_dir)
     tok = load_tokenizer(base_dir, padding_side="left")
-    constraint, free_rate = None, None
-    if p.decoding == "constrained":
-        if space is None:
-            raise ClapError("chain.decoding is constrained but no answer space was given", rule="bad_params")
-        constrainer = constrainers.setdefault("grammars", Constrainer(space, model, tok))
-        constraint = constrainer(docs)
+    free_rate = None
+    if "grammars" not in constrainers:
+        constrainers["grammars"] = constrainer_for(p.decoding, space, model, tok)
+    constraint = constrainers["grammars"](docs) if constrainers["grammars"] is not None else None
     gens = generate_batched(
         model,
         tok,

@@ -3,18 +3,20 @@
 A production chain does not ask a small model to type braces: it constrains decoding to the
 answer's JSON schema, so a model is judged on what it knows rather than on whether it can
 produce the format. :class:`Grammars` compiles JSON schemas for one tokenizer with
-`xgrammar <https://xgrammar.mlc.ai>`_ (chosen by measurement: ``benchmarks/constrained_decoding.py``
-and its committed results) in the exact layout ``clap.task.prompt.format_answer`` writes (keys in
-order, ``", "`` and ``": "`` separators, no other whitespace), so an answer that was already
-valid is decoded token for token as without the constraint. Schemas differ per request (the
-evidence quote is one of the request's context sentences), so compiled grammars are cached by
-schema: every model of an eval run reuses them.
+`xgrammar <https://xgrammar.mlc.ai>`_ (chosen by measurement: ``benchmarks/grammar_engines.py``,
+``benchmarks/constrained_decoding.py`` and their committed results) in the layout
+``clap.task.prompt.format_answer`` writes (keys in order, ``", "`` and ``": "`` separators, no other
+whitespace). Schemas differ per request (the evidence quote is one of the request's context
+sentences), so compiled grammars are cached by schema: every model of an eval run reuses them.
 
-Forced tokens cost less than free ones: wherever the grammar allows one continuation only (the
-JSON skeleton ``", "line": "`` between values, the rest of a vocabulary word after its first
-tokens), :meth:`RowMatcher.forced` returns those tokens so the generator feeds them in one
-forward pass instead of one decoding step each. After the closing brace only an end-of-sequence
-token is allowed, so no answer rambles past its object.
+Wherever the grammar allows one continuation only (the JSON skeleton ``", "line": "`` between
+values, the rest of a vocabulary word after its first tokens), :meth:`RowMatcher.forced` returns
+those tokens and the generator feeds them in one forward pass with the chosen token, computing
+logits at the chunk's last position only. xgrammar splits a forced string into tokens its own way,
+which is not always how the model would have tokenized it, so a constrained answer that was
+already valid is the same text as the free answer but not always the same token ids, and a later
+token may differ (measured: ``benchmarks/results/constrained_decoding*.json``). After the closing
+brace only an end-of-sequence token is allowed, so no answer rambles past its object.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class Grammars:
 
     def compile(self, schema: Mapping[str, Any]) -> Grammar:
         """The grammar of ``schema`` (compiled once per distinct schema)."""
-        key = json.dumps(schema, sort_keys=False, ensure_ascii=False)
+        key = json.dumps(schema, ensure_ascii=False)
         if key not in self._cache:
             self._cache[key] = Grammar(
                 self._compiler.compile_json_schema(

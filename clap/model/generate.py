@@ -132,9 +132,10 @@ def _greedy(
 ) -> list[list[int]]:
     """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token.
 
-    With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are masked to what the grammar allows, and the
-    tokens the grammar then forces are fed with the chosen one in a single forward pass
-    (rows whose runs are shorter are padded, the padding masked out of attention).
+    With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are masked to what the
+    grammar allows, and the tokens the grammar then forces are fed with the chosen one in a single forward
+    pass (rows whose runs are shorter are left-padded, the padding masked out of attention), with logits
+    computed at the chunk's last position only.
     """
     import torch
 
@@ -189,28 +190,27 @@ def _greedy(
             index = torch.tensor(keep, device=device)
             cache.batch_select_indices(index)
             alive, mask, last = [alive[j] for j in keep], mask[index], last[index]
+        # a chunk is left-padded, so every row's last fed token is the chunk's last position and the
+        # output layer (a fifth of a step's work) runs there only: a forced token costs a body pass, no logits
         step = max(len(f) for f in feeds)
         chunk = torch.full((len(alive), step), pad_id, dtype=torch.long)
         chunk_mask = torch.zeros((len(alive), step), dtype=torch.long)
         for j, f in enumerate(feeds):
-            chunk[j, : len(f)] = torch.tensor(f, dtype=torch.long)
-            chunk_mask[j, : len(f)] = 1
+            chunk[j, step - len(f) :] = torch.tensor(f, dtype=torch.long)
+            chunk_mask[j, step - len(f) :] = 1
         chunk_mask = chunk_mask.to(device)
-        lengths = chunk_mask.sum(-1, keepdim=True)
         mask = torch.cat([mask, chunk_mask], dim=1)
-        positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding repeats the row's last position
-        last = last + lengths
+        positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding takes the row's next position, masked
+        last = last + chunk_mask.sum(-1, keepdim=True)
         out = model(
             input_ids=chunk.to(device),
             attention_mask=mask,
             position_ids=positions,
             cache=cache,
             use_cache=True,
+            logits_to_keep=1,
         )
-        if step == 1:
-            logits = out.logits[:, -1]
-        else:
-            logits = out.logits[torch.arange(len(alive), device=device), lengths[:, 0] - 1]
+        logits = out.logits[:, -1]
 
 
 def generate_batched(

@@ -441,3 +441,8 @@ def test_aggregate_takes_score_output():
 def test_aggregate_rejects_bad_rows(rows):
     with pytest.raises(ClapError):
         aggregate(rows)
+
+
+def test_a_space_after_a_separator_splits_numbers():
+    """Found by the restyling property: "0. 0" (a number, a full stop, a number) is two tokens, not 0.0."""
+    assert parse_number("1. 2") is None and normalize_answer("0. 0") == normalize_answer("0 0") == "0 0"
