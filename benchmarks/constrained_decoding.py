@@ -69,19 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     from clap.model import constrain
     from clap.model.base import load_model, load_tokenizer
     from clap.model.generate import generate_batched
-    from clap.task.prompt import ANSWER_FIELDS, build_messages
-    from clap.task.scoring import ScoringParams, context_text, parse_answer, score_item
+    from clap.task.prompt import build_messages
+    from clap.task.scoring import context_text, parse_answer, score_item, scoring_params
 
     torch.set_num_threads(int(params.raw_section("train")["torch_threads"]))
-    ep, sp = eval_params(), params.section("scoring", ScoringParams)
+    ep, sp = eval_params(), scoring_params()
     admitted = ROOT / "data" / "admitted" / a.batch
     items = io.read_parquet(admitted / "eval.parquet").head(a.n)
     docs = item_contexts(items, io.read_parquet(admitted / "kb.parquet"))
-    chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
+    chats = [build_messages(q, d, sp.answer) for q, d in zip(items["question"], docs)]
     model = load_model(ROOT / "models" / "base", a.adapter)
     tok = load_tokenizer(ROOT / "models" / "base", padding_side="left")
     started = time.perf_counter()
-    constraint = Constrainer(answer_space(params.section("normalize", NormalizeParams)), model, tok)(docs)
+    constraint = Constrainer(
+        answer_space(params.section("normalize", NormalizeParams), sp.answer), model, tok
+    )(docs)
     compile_s = time.perf_counter() - started
 
     forwards = {"n": 0}
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             walls.append(time.perf_counter() - t)
         scores = [
-            score_item(parse_answer(g.text), {k: r[k] for k in ANSWER_FIELDS}, context_text(d), sp)
+            score_item(
+                parse_answer(g.text, sp.answer), {k: r[k] for k in sp.answer.names}, context_text(d), sp
+            )
             for g, r, d in zip(gens, items.to_dict("records"), docs)
         ]
         tokens = sum(g.new_tokens for g in gens)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     constrain.RowMatcher.forced = jump
     type(model).forward = forward
-    valid_free = [i for i, t in enumerate(texts["free"]) if parse_answer(t).ok]
+    valid_free = [i for i, t in enumerate(texts["free"]) if parse_answer(t, sp.answer).ok]
     in_schema = [i for i in valid_free if _accepted(constraint.per_chat[i], tok, texts["free"][i])]
     for mode in ("constrained", "constrained-step"):
         results[mode]["identical_to_valid_free"] = (

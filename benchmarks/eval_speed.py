@@ -27,6 +27,7 @@ from clap import io
 from clap.judge.evaluation import eval_params
 from clap.model.base import load_model, load_tokenizer
 from clap.model.generate import encode_chats, generate_batched, stop_ids
+from clap.task.answer import load_answer_schema
 from clap.task.prompt import build_messages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,9 @@ def raw_chats(batch_dir: Path, n: int) -> list[list[dict[str, str]]]:
         for q in _jsonl(batch_dir / "question_log.jsonl")
         if q.get("split") == "eval" and isinstance(q.get("question"), str)
     ]
+    answer = load_answer_schema(ROOT / "params.yaml")
     return [
-        build_messages(q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb])
+        build_messages(q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb], answer)
         for q in questions[:n]
     ]
 

@@ -373,15 +373,17 @@ def load_items(admitted: Path, n: int):
     from clap.chain.grounding import answer_space
     from clap.data.normalize import NormalizeParams
     from clap.judge.evaluation import item_contexts
-    from clap.task.prompt import format_answer, gold_answer
+    from clap.task.answer import gold_of, load_answer_schema
+    from clap.task.prompt import format_answer
 
     items = pd.read_parquet(admitted / "eval.parquet").head(n)
     kb = pd.read_parquet(admitted / "kb.parquet")
-    space = answer_space(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
+    answer = load_answer_schema(ROOT / "params.yaml")
+    space = answer_space(params.section("normalize", NormalizeParams, ROOT / "params.yaml"), answer)
     out, skipped = [], []
     for row, docs in zip(items.to_dict("records"), item_contexts(items, kb)):
         schema = space.schema(docs)
-        gold = gold_answer(row)
+        gold = gold_of(row, answer)
         branch = next(
             (
                 b
@@ -407,7 +409,7 @@ def load_items(admitted: Path, n: int):
             {
                 "item_id": row["item_id"],
                 "schema_json": json.dumps(schema, ensure_ascii=False),
-                "answer": format_answer(gold),
+                "answer": format_answer(gold, answer),
             }
         )
     return out, skipped

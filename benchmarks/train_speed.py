@@ -103,6 +103,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
 
     from clap import io, params
     from clap.model.base import load_tokenizer
+    from clap.task.answer import load_answer_schema
     from clap.train.sft import (
         TrainParams,
         build_examples,
@@ -117,7 +118,9 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
     torch.manual_seed(tp.seed)
     data = ROOT / "data/admitted" / batch
     ex = build_examples(
-        io.read_parquet(data / "sft.parquet").head(examples), io.read_parquet(data / "kb.parquet")
+        io.read_parquet(data / "sft.parquet").head(examples),
+        io.read_parquet(data / "kb.parquet"),
+        load_answer_schema(ROOT / "params.yaml"),
     )
     tok = load_tokenizer(ROOT / "models/base", padding_side="right")
     out = Path("/tmp") / f"clap-train-speed-{path}"

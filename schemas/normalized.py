@@ -171,11 +171,13 @@ SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
 }
 
 
-def validate_frame(model: type[pa.DataFrameModel], df: pd.DataFrame, file: str) -> pd.DataFrame:
+def validate_frame(
+    model: type[pa.DataFrameModel] | pa.DataFrameSchema, df: pd.DataFrame, file: str
+) -> pd.DataFrame:
     """Validate lazily; every failure becomes one ClapError naming the file, column, check and rows.
 
     Args:
-        model: the pandera model.
+        model: the pandera model (or a schema built for the declared answer).
         df: the frame.
         file: the output path it is about to be written to (for the message).
 
@@ -193,7 +195,8 @@ def validate_frame(model: type[pa.DataFrameModel], df: pd.DataFrame, file: str) 
         ]
         first = cases.iloc[0]
         raise ClapError(
-            f"{len(cases)} schema failure(s) in {model.__name__}:\n  " + "\n  ".join(lines),
+            f"{len(cases)} schema failure(s) in {getattr(model, '__name__', None) or model.name}:\n  "
+            + "\n  ".join(lines),
             file=file,
             column=first["column"],
             rule=first["check"],

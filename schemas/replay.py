@@ -15,8 +15,8 @@ import pandera.pandas as pa
 from pandera.typing import Series
 
 from clap.judge.replay import CONDITIONS, PLOT_METRICS
-from clap.task.prompt import CORE_FIELDS
-from schemas.eval import EvalItems
+from clap.task.answer import AnswerSchema
+from schemas.eval import EvalItemsFixed, with_answer
 
 
 def _json_list(text: str) -> bool:
@@ -27,8 +27,9 @@ def _json_list(text: str) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-class ReplayCases(EvalItems):
-    """cases.parquet: one scored answer per replay case x condition; deterministic (no timings)."""
+class ReplayCasesFixed(EvalItemsFixed):
+    """cases.parquet: one scored answer per replay case x condition; deterministic (no timings). The
+    answer's columns are added by :func:`replay_cases`."""
 
     condition: Series[str] = pa.Field(isin=list(CONDITIONS))
     model: Series[str] = pa.Field(isin=sorted({m for m, _ in CONDITIONS.values()}))
@@ -67,9 +68,14 @@ class ReplayCases(EvalItems):
         ]
         return df["retrieval_hit"] == pd.Series(found, index=df.index)
 
-    @pa.dataframe_check(name="core_means_core_fields_right")
-    def _core(cls, df: pd.DataFrame) -> Series[bool]:
-        return df["core_correct"] == df[[f"{k}_correct" for k in CORE_FIELDS]].all(axis=1)
+
+def replay_cases(answer: AnswerSchema) -> pa.DataFrameSchema:
+    """The schema of cases.parquet for the declared answer (``core_correct``: every key field right)."""
+    keys = [f"{k}_correct" for k in answer.keys]
+    core = pa.Check(
+        lambda df: df["core_correct"] == df[keys].all(axis=1), name="core_means_core_fields_right"
+    )
+    return with_answer(ReplayCasesFixed, answer, "ReplayCases", (core,))
 
 
 class ReplayTimings(pa.DataFrameModel):

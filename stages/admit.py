@@ -19,7 +19,7 @@ from clap import io, params, stage
 from clap.data.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
 from clap.data.normalize import NormalizeParams, build_vocab
 from clap.determinism import frame_hashes
-from clap.task.scoring import ScoringParams, reward
+from clap.task.scoring import reward, scoring_params
 from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
 from schemas.normalized import NormalizedItems, NormalizedKB, validate_frame
 
@@ -39,13 +39,13 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
     p = params.section("admit", AdmitParams)
     sizes = params.section("sizes", SplitSizes)
     vocab = build_vocab(params.section("normalize", NormalizeParams))
-    sp = params.section("scoring", ScoringParams)
+    sp = scoring_params()
     pools = {
         name: validate_frame(model, io.read_parquet(src / f"{name}.parquet"), str(src / f"{name}.parquet"))
         for name, model in POOLS.items()
     }
     result = admit_batch(
-        pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name
+        pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name, sp.answer
     )
     frames = {
         name: validate_frame(

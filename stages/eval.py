@@ -23,8 +23,8 @@ from clap.chain.grounding import answer_space
 from clap.data.normalize import NormalizeParams
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
-from clap.task.scoring import ScoringParams
-from schemas.eval import EvalItems, EvalTimings
+from clap.task.scoring import scoring_params
+from schemas.eval import EvalTimings, eval_items
 from schemas.normalized import validate_frame
 
 USAGE = "usage: python stages/eval.py ADMITTED_DIR BASE_DIR ADAPTER_DIR PRODUCTION_JSON OUT_DIR METRICS_JSON"
@@ -33,22 +33,22 @@ USAGE = "usage: python stages/eval.py ADMITTED_DIR BASE_DIR ADAPTER_DIR PRODUCTI
 def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path, metrics_path: Path) -> dict:
     """Evaluate every model of one batch; write the eval folder and metrics; return the metrics."""
     started = time.perf_counter()
-    ep, sp = eval_params(), params.section("scoring", ScoringParams)
+    ep, sp = eval_params(), scoring_params()
     dp = params.section("determinism", determinism.DeterminismParams)
     determinism.apply(dp)
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
     incumbent = incumbent_spec(pointer, adapter.parent, base)
     specs = model_specs(adapter, incumbent)
-    space = answer_space(params.section("normalize", NormalizeParams))
+    space = answer_space(params.section("normalize", NormalizeParams), sp.answer)
     scored, timings, diagnostics = evaluate(specs, base, items, kb, ep, sp, space)
-    scored = validate_frame(EvalItems, scored, str(out_dir / "items.parquet"))
+    scored = validate_frame(eval_items(sp.answer), scored, str(out_dir / "items.parquet"))
     timings = validate_frame(EvalTimings, timings, str(out_dir / "timings.parquet"))
     with io.atomic_dir(out_dir) as tmp:
         io.write_parquet(tmp / "items.parquet", scored)
         io.write_parquet(tmp / "timings.parquet", timings)
         io.write_json(tmp / "manifest.json", manifest(specs, incumbent, base, admitted, len(items)))
     metrics = {
-        **flat_metrics(scored, timings, specs),
+        **flat_metrics(scored, timings, specs, sp.answer),
         **diagnostics,
         "decoding": ep.decoding,
         **determinism.frame_hashes(out_dir, {"items": scored}),

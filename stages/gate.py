@@ -22,10 +22,11 @@ from clap import determinism, io, params, stage
 from clap.judge import grpo_gate as grpo
 from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
 from clap.judge.scored import read_scored
+from clap.task.answer import load_answer_schema
 from clap.train.grpo_policy import GrpoParams
 
 USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
-EVIDENCE_SECTIONS = ("sizes", "admit", "train", "scoring", "eval", "gate")
+EVIDENCE_SECTIONS = ("sizes", "admit", "train", "task", "scoring", "eval", "gate")
 
 
 def read_record(path: Path) -> dict:
@@ -51,7 +52,10 @@ def run(
     train, admit, replay = read_record(train_json), read_record(admit_json), read_record(replay_json)
     probe = read_record(grpo_json) if grpo_json else None
     extra = grpo.sft_checks(probe, params.section("grpo", GrpoParams)) if probe else []
-    result = run_gate(scored, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)], replay=replay)
+    slices = load_answer_schema().slices
+    result = run_gate(
+        scored, meta, train, admit, p, [*extra, *chain_checks(replay, p.chain)], replay=replay, slices=slices
+    )
     used = {name: params.raw_section(name) for name in (*EVIDENCE_SECTIONS, *(("grpo",) if probe else ()))}
     evidence = evidence_bundle(
         result, eval_dir.name, meta, io.sha256_file(eval_dir / "items.parquet"), used, p

@@ -19,7 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from clap import determinism, io, params, stage  # noqa: E402
-from clap.task.scoring import ScoringParams  # noqa: E402
+from clap.task.scoring import scoring_params  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.grpo import run_probe  # noqa: E402
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams  # noqa: E402
@@ -38,7 +38,7 @@ def run(
     curves_path: Path,
 ) -> dict | None:
     """Probe one batch; rank 0 writes the record and curves and gets the record back."""
-    p, sp = params.section("grpo", GrpoParams), params.section("scoring", ScoringParams)
+    p, sp = params.section("grpo", GrpoParams), scoring_params()
     result = run_probe(
         data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp, params.section("train", TrainParams)
     )

@@ -34,9 +34,9 @@ from clap.judge.replay import (
     score_conditions,
 )
 from clap.model.base import ADAPTER_FILE, base_sha256, default_device
-from clap.task.scoring import ScoringParams
+from clap.task.scoring import scoring_params
 from schemas.normalized import validate_frame
-from schemas.replay import ReplayCases, ReplayPlot, ReplayRequests, ReplayTimings
+from schemas.replay import ReplayPlot, ReplayRequests, ReplayTimings, replay_cases
 
 USAGE = "usage: python stages/replay.py ADMITTED_DIR BASE_DIR ADAPTER_DIR DATA_OUT_DIR REPORT_DIR METRICS_JSON PLOT_CSV"
 
@@ -55,15 +55,15 @@ def run(
     cp, rp, sp, lp = (
         params.section("chain", ChainParams),
         eval_params(),
-        params.section("scoring", ScoringParams),
+        scoring_params(),
         params.section("replay", ReplayParams).latency,
     )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
-    space = answer_space(params.section("normalize", NormalizeParams))
+    space = answer_space(params.section("normalize", NormalizeParams), sp.answer)
     answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp, space)
     cases, timings = score_conditions(items, answers, sp)
-    cases = validate_frame(ReplayCases, cases, str(data_dir / "cases.parquet"))
+    cases = validate_frame(replay_cases(sp.answer), cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
     requests = validate_frame(ReplayRequests, requests, str(data_dir / "request_timings.parquet"))
     numbers = replay_metrics(cases, timings, requests, len(items), has_adapter)

@@ -3,7 +3,7 @@
 usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> metrics/train/<b>.json plots/train/<b>.csv
        (unchanged under `torchrun --nproc_per_node N stages/train.py ...`)
 
-in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`
+in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`, `task` (the answer)
 out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
      admitted gets only skipped.json), metrics/train/<b>.json (flat numbers) +
      records/train/<b>.json (hashes, versions, seed, threads, device), plots/train/<b>.csv
@@ -22,6 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from clap import determinism, io, params, stage  # noqa: E402
 from clap.model.base import default_device  # noqa: E402
+from clap.task.answer import load_answer_schema  # noqa: E402
 from clap.train.detector import DetectorParams  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.sft import TrainParams, train_batch  # noqa: E402
@@ -41,6 +42,7 @@ def run(
         adapter_dir,
         params.section("train", TrainParams),
         params.section("detector", DetectorParams),
+        answer=load_answer_schema(),
     )
     if not result.is_main:
         return None

@@ -299,9 +299,9 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["batches"] = [E2E_BATCH]
     p["sizes"] = {"sft": 16, "grpo": 4, "eval": 8, "probe": 8, "replay": 6}
     p["admit"]["min_sizes"] = {"sft": 8, "grpo": 2, "eval": 4, "probe": 4, "replay": 2}
-    p["admit"].update(
-        max_metric_share=0.5, min_line_coverage=0.5
-    )  # 16 training items cannot cover every metric and line evenly
+    # 16 training items cannot cover every metric and line evenly
+    p["admit"]["max_key_share"] = {**p["admit"]["max_key_share"], "metric": 0.5}
+    p["admit"]["min_coverage"] = {**p["admit"]["min_coverage"], "line": 0.5}
     p["base"]["model"] = str(tiny_base)
     p["train"].update(max_steps=6, save_steps=3)
     p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
@@ -421,3 +421,18 @@ def grpo_params(**overrides):
     from clap.train.grpo_policy import GrpoParams
 
     return params.build(GrpoParams, {**params.raw_section("grpo", _ROOT / "params.yaml"), **overrides})
+
+
+# A second declared answer (params `task`), unlike the demo's: a report's row and period as keys, a scale
+# as the unit with no key deciding it. Tests that must not depend on the demo's answer shape use it.
+REPORT_ANSWER = {
+    "instruction": "Answer with one JSON object with keys",
+    "answer": {
+        "row": {"role": "key", "type": "text", "weight": 1},
+        "period": {"role": "key", "type": "date", "weight": 1},
+        "evidence": {"role": "evidence", "weight": 1},
+        "value": {"role": "value", "type": "number", "weight": 3},
+        "scale": {"role": "unit", "weight": 1},
+    },
+    "slice_columns": ["source_system"],
+}

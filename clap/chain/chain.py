@@ -6,7 +6,7 @@ batch's knowledge base (:mod:`clap.chain.retrieval`), the one prompt builder
 (:func:`clap.task.prompt.build_messages`, the same as training and eval), greedy generation with
 the base model or base + adapter (:func:`clap.model.generate.generate_batched`) and the answer
 parser of :mod:`clap.task.scoring`. With ``rag=False`` the prompt has no documents
-(``build_messages(question, None)``): the no-RAG conditions of the replay. Under
+(``build_messages(question, None, answer)``): the no-RAG conditions of the replay. Under
 ``chain.decoding: constrained`` every answer is decoded inside its request's answer schema
 (:mod:`clap.chain.grounding`), for the base model and an adapter alike.
 """
@@ -99,13 +99,12 @@ class Chain:
         tokenizer: its tokenizer with left padding (:func:`clap.model.base.load_tokenizer`).
         index: the knowledge base index, or None for a chain that never retrieves.
         p: chain params.
-        space: the answer space (params ``normalize``); required when ``p.decoding`` is constrained.
+        space: the declared answer and its space (params ``task``, ``normalize``): the prompt's
+            instruction, the parser, and the schema constrained decoding enforces.
     """
 
-    def __init__(
-        self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams, space: AnswerSpace | None
-    ):
-        self.model, self.tokenizer, self.index, self.p = model, tokenizer, index, p
+    def __init__(self, model: Any, tokenizer: Any, index: KBIndex | None, p: ChainParams, space: AnswerSpace):
+        self.model, self.tokenizer, self.index, self.p, self.space = model, tokenizer, index, p, space
         self.constrainer = constrainer_for(p.decoding, space, model, tokenizer)
 
     def retrieve(self, question: str) -> Retrieved:
@@ -130,7 +129,10 @@ class Chain:
             One :class:`ChainAnswer` per question.
         """
         retrieved = [self.retrieve(q) if rag else Retrieved((), 0.0) for q in questions]
-        chats = [build_messages(q, list(r.docs) if rag else None) for q, r in zip(questions, retrieved)]
+        chats = [
+            build_messages(q, list(r.docs) if rag else None, self.space.answer)
+            for q, r in zip(questions, retrieved)
+        ]
         gens = generate_batched(
             self.model,
             self.tokenizer,
@@ -143,7 +145,7 @@ class Chain:
             else None,
         )
         return [
-            ChainAnswer(q, rag, r, context_text(list(r.docs)), g, parse_answer(g.text))
+            ChainAnswer(q, rag, r, context_text(list(r.docs)), g, parse_answer(g.text, self.space.answer))
             for q, r, g in zip(questions, retrieved, gens)
         ]
 
@@ -153,7 +155,7 @@ def load_chain(
     adapter_dir: Path | str | None,
     index: KBIndex | None,
     p: ChainParams,
-    space: AnswerSpace | None,
+    space: AnswerSpace,
 ) -> Chain:
     """A chain with the base model (``adapter_dir=None``) or base + adapter, over ``index``."""
     from clap.model.base import load_model, load_tokenizer

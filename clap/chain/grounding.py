@@ -2,13 +2,13 @@
 
 Under ``chain.decoding: constrained`` every model (base, candidate, incumbent; eval, replay and
 ``clap serve`` alike) decodes its answer inside the request's JSON schema
-(:func:`clap.task.prompt.answer_json_schema`): the answer fields in order; the vocabulary fields
-(metric, line, shift) as params ``normalize`` names them, the unit the chosen metric's; the value a
-number; and the two grounded fields from the request's own context: the evidence one of its
-sentences (the quote must be verbatim) and the date one of the dates it mentions (in a configured
-format, :func:`clap.data.normalize.dates_in`). Without context (the no-RAG conditions) they are a
-free string and any calendar date. The model still chooses every field; it can no longer fail on
-the format, quote what is not there, or name a date no document gives.
+(:func:`clap.task.prompt.answer_json_schema`): the declared answer's fields in order (params
+``task``); each vocabulary field one of the canonical words params ``normalize`` gives it, the unit
+the one its ``of`` key decides; the value a number; and the grounded fields from the request's own
+context: the evidence one of its sentences (the quote must be verbatim) and a date field one of the
+dates it mentions (in a configured format, :func:`clap.data.normalize.dates_in`). Without context
+(the no-RAG conditions) they are a free string and any calendar date. The model still chooses every
+field; it can no longer fail on the format, quote what is not there, or name a date no document gives.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from clap.data.normalize import (
 from clap.errors import ClapError
 from clap.model.constrain import DECODING_MODES, Constraint, Grammars
 from clap.model.generate import stop_ids
+from clap.task.answer import AnswerSchema
 from clap.task.prompt import answer_json_schema, context_sentences
 
 Docs = Sequence[tuple[str, str]]
@@ -35,8 +36,10 @@ Docs = Sequence[tuple[str, str]]
 
 @dataclasses.dataclass(frozen=True)
 class AnswerSpace:
-    """The schema inputs params fix (vocabularies, units, date formats); the context adds the rest."""
+    """The declared answer and the schema inputs params fix (vocabularies, units, date formats); the
+    context adds the rest."""
 
+    answer: AnswerSchema
     vocabularies: dict[str, list[str]]
     units: dict[str, str]
     vocab: Vocab
@@ -45,12 +48,29 @@ class AnswerSpace:
         """The JSON schema of an answer to a request with context ``docs`` (None: no RAG)."""
         docs = list(docs or [])
         dates = [d for _, text in docs for d in dates_in(text, self.vocab)]
-        return answer_json_schema(self.vocabularies, context_sentences(docs), self.units, dates)
+        return answer_json_schema(self.answer, self.vocabularies, context_sentences(docs), self.units, dates)
 
 
-def answer_space(p: NormalizeParams) -> AnswerSpace:
-    """The answer space of params ``normalize``."""
-    return AnswerSpace(answer_vocabularies(p), metric_units(p), build_vocab(p))
+def answer_space(p: NormalizeParams, answer: AnswerSchema) -> AnswerSpace:
+    """The answer space of params ``normalize`` for the declared answer (params ``task``).
+
+    Raises:
+        ClapError: a vocabulary field params ``normalize`` gives no words for.
+    """
+    words = answer_vocabularies(p)
+    missing = [f.name for f in answer.fields if f.type == "vocabulary" and not words.get(f.name)]
+    if missing:
+        raise ClapError(
+            f"answer field(s) {missing} are vocabularies, but params normalize gives no words for them "
+            f"(it has {sorted(words)})",
+            file="params.yaml",
+            column=f"task.answer.{missing[0]}",
+            rule="bad_params",
+        )
+    unit = next((f for f in answer.fields if f.role == "unit" and f.of), None)
+    units = metric_units(p) if unit is not None else {}
+    vocabularies = {k: v for k, v in words.items() if k in answer.names}
+    return AnswerSpace(answer, vocabularies, units, build_vocab(p))
 
 
 def check_decoding(mode: str, where: str) -> str:
@@ -79,12 +99,6 @@ class Constrainer:
         return Constraint(self.grammars, [self.grammars.compile(self.space.schema(d)) for d in contexts])
 
 
-def constrainer_for(
-    decoding: str, space: AnswerSpace | None, model: Any, tokenizer: Any
-) -> Constrainer | None:
-    """The constrainer a ``decoding`` mode needs (None for free decoding); constrained without a space is an error."""
-    if decoding != "constrained":
-        return None
-    if space is None:
-        raise ClapError("chain.decoding is constrained but no answer space was given", rule="bad_params")
-    return Constrainer(space, model, tokenizer)
+def constrainer_for(decoding: str, space: AnswerSpace, model: Any, tokenizer: Any) -> Constrainer | None:
+    """The constrainer a ``decoding`` mode needs (None for free decoding)."""
+    return Constrainer(space, model, tokenizer) if decoding == "constrained" else None

@@ -32,6 +32,7 @@ from clap.data.normalize import NormalizeParams
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.release.registry import verify_pointer
+from clap.task.answer import load_answer_schema
 
 POINTER = Path("releases/production.json")
 BASE_DIR = Path("models/base")
@@ -175,7 +176,10 @@ def load_service(root: Path | str, p: ServeParams, cp: ChainParams) -> tuple[Cha
     root = Path(root)
     served, adapter_dir = resolve_release(root, p)
     kb = io.read_parquet(root / ADMITTED / served.kb_batch / "kb.parquet")
-    space = answer_space(params.section("normalize", NormalizeParams, root / "params.yaml"))
+    space = answer_space(
+        params.section("normalize", NormalizeParams, root / "params.yaml"),
+        load_answer_schema(root / "params.yaml"),
+    )
     return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp, space), served
 
 
@@ -209,7 +213,8 @@ def create_app(chain: Chain, served: Served, p: ServeParams):
         "AnswerRequest", __config__=ConfigDict(extra="forbid"), question=(question, ...)
     )
     app = FastAPI(
-        title="clap", description="manufacturing KPI answers from the released adapter and its knowledge base"
+        title="clap",
+        description="answers from the released adapter and its knowledge base (the application chain)",
     )
     lock = threading.Lock()  # one model, one generate at a time
 

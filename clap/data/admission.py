@@ -2,7 +2,7 @@
 
 It selects the admitted splits deterministically and checks, each with value, threshold
 and pass/fail: zero train/held-out overlap (by ID and normalized input hash), minimum
-split sizes, metric/line/shift balance, evidence verifiability, the GRPO reward check of
+split sizes, balance of the declared key fields (params `admit` naming keys of `task`), evidence verifiability, the GRPO reward check of
 the CLAP paper (the reference answer must out-score K perturbed answers under the eval
 reward: rank-pass rate, mean reward margin, non-zero group variance) and a label-shuffle
 canary. The verdict is the conjunction of the blocking checks.
@@ -26,14 +26,14 @@ from clap.task.context import item_docs, kb_bodies, parse_doc_ids
 from clap.errors import ClapError
 from clap.io import logical_hash
 from clap.data.normalize import Vocab, evidence_status
-from clap.task.prompt import ANSWER_FIELDS, format_answer, gold_answer
+from clap.task.answer import AnswerSchema, gold_of
+from clap.task.prompt import format_answer
 from clap.task.scoring import context_text
 
 RewardFn = Callable[[str, Mapping[str, Any], str], float]
 SPLITS = ("sft", "grpo", "eval", "probe", "replay")
 TRAIN_SPLITS = ("sft", "grpo")
 HELD_SPLITS = ("eval", "probe", "replay")
-LABEL_FIELDS = ("metric", "value", "unit", "line", "shift", "date")
 # Fixed random-stream index per use, so adding a split never reshuffles another one.
 _STREAMS = {"sft": 0, "grpo": 1, "eval": 2, "replay": 3, "canary": 4}
 
@@ -55,12 +55,10 @@ class AdmitParams:
 
     seed: int
     min_sizes: SplitSizes
-    max_metric_share: float
-    min_metrics: int
-    min_line_coverage: float
-    min_shift_coverage: float
+    max_key_share: dict  # key field -> the largest share of D_sft one of its values may have
+    min_distinct: dict  # key field -> the fewest distinct values D_sft must have
+    min_coverage: dict  # key field -> the share of its held-out values D_sft must cover
     min_evidence_verifiable_rate: float
-    perturbations: list
     min_rank_pass_rate: float
     min_reward_margin: float
     min_reward_variance: float
@@ -150,15 +148,19 @@ def _coverage(train: pd.Series, held: pd.Series) -> float:
 
 
 def balance_checks(sft: pd.DataFrame, held: pd.DataFrame, p: AdmitParams) -> list[Check]:
-    """No metric dominates D_sft, enough metrics, and every held-out line/shift is trained on."""
-    shares = sft["metric"].value_counts(normalize=True)
-    top = (float(shares.iloc[0]), str(shares.index[0])) if len(shares) else (1.0, "none")
-    return [
-        check("max_metric_share", top[0], "<=", p.max_metric_share, detail=f"most frequent metric: {top[1]}"),
-        check("distinct_metrics", sft["metric"].nunique(), ">=", p.min_metrics),
-        check("line_coverage", _coverage(sft["line"], held["line"]), ">=", p.min_line_coverage, detail="held-out lines present in D_sft"),
-        check("shift_coverage", _coverage(sft["shift"], held["shift"]), ">=", p.min_shift_coverage, detail="held-out shifts present in D_sft"),
+    """No key value dominates D_sft, enough distinct values, and every held-out key value is trained on
+    (for the key fields params ``admit.max_key_share``, ``min_distinct`` and ``min_coverage`` name)."""
+    out = []
+    for k, bound in p.max_key_share.items():
+        shares = sft[k].value_counts(normalize=True)
+        top = (float(shares.iloc[0]), str(shares.index[0])) if len(shares) else (1.0, "none")
+        out.append(check(f"max_{k}_share", top[0], "<=", bound, detail=f"most frequent {k}: {top[1]}"))
+    out += [check(f"distinct_{k}s", sft[k].nunique(), ">=", n) for k, n in p.min_distinct.items()]
+    out += [
+        check(f"{k}_coverage", _coverage(sft[k], held[k]), ">=", share, detail=f"held-out {k}s present in D_sft")
+        for k, share in p.min_coverage.items()
     ]
+    return out
 
 
 def evidence_verifiable(items: pd.DataFrame, bodies: Mapping[str, str], vocab: Vocab) -> pd.Series:
@@ -190,40 +192,42 @@ def _other_doc_quote(row: Mapping[str, Any], bodies: Mapping[str, str], vocab: V
     return ""
 
 
-def perturbed_answers(row: Mapping[str, Any], names: Sequence[str], domain: Mapping[str, Sequence[str]], bodies: Mapping[str, str], vocab: Vocab) -> dict[str, str]:
-    """The K perturbed completions of one item, by perturbation name (params ``admit.perturbations``).
+def perturbed_answers(
+    row: Mapping[str, Any], schema: AnswerSchema, domain: Mapping[str, Sequence[str]], bodies: Mapping[str, str], vocab: Vocab
+) -> dict[str, str]:
+    """The K perturbed completions of one item, by perturbation name (``schema.perturbations``).
 
-    ``wrong_value`` (value moved by max(1, 10%)), ``wrong_metric``/``wrong_line``/``wrong_shift``
-    (another value seen in the batch), ``wrong_date`` (next day), ``other_doc_evidence`` (a
-    quote from another document without the value), ``unparseable`` (truncated JSON).
+    ``wrong_<value>`` (value moved by max(1, 10%)), ``wrong_<key>`` per key field (another value
+    seen in the batch; a date key: the next day), ``other_doc_<evidence>`` (a quote from another
+    document without the value), ``unparseable`` (truncated JSON).
     """
-    gold = gold_answer(row)
-    ref = format_answer(gold)
-    builders: dict[str, Callable[[], Any]] = {
-        "wrong_value": lambda: {**gold, "value": gold["value"] + max(1.0, abs(gold["value"]) * 0.1)},
-        "wrong_metric": lambda: {**gold, "metric": _other(gold["metric"], domain["metric"])},
-        "wrong_line": lambda: {**gold, "line": _other(gold["line"], domain["line"])},
-        "wrong_shift": lambda: {**gold, "shift": _other(gold["shift"], domain["shift"])},
-        "wrong_date": lambda: {**gold, "date": (dt.date.fromisoformat(gold["date"]) + dt.timedelta(days=1)).isoformat()},
-        "other_doc_evidence": lambda: {**gold, "evidence": _other_doc_quote(row, bodies, vocab)},
-        "unparseable": lambda: ref[: len(ref) // 2],
-    }
-    unknown = sorted(set(names) - set(builders))
-    if unknown:
-        raise ClapError(f"unknown perturbation(s) {unknown}; known: {sorted(builders)}", file="params.yaml", column="admit.perturbations", rule="bad_params")
-    built = {name: builders[name]() for name in names}
-    return {name: v if isinstance(v, str) else format_answer(v) for name, v in built.items()}
+    gold = gold_of(row, schema)
+    ref = format_answer(gold, schema)
+    value, evidence = schema.value, schema.evidence
+
+    def wrong(key: str) -> dict[str, Any]:
+        if schema.field(key).type == "date":
+            return {**gold, key: (dt.date.fromisoformat(gold[key]) + dt.timedelta(days=1)).isoformat()}
+        return {**gold, key: _other(gold[key], domain[key])}
+
+    built: dict[str, Any] = {f"wrong_{value}": {**gold, value: gold[value] + max(1.0, abs(gold[value]) * 0.1)}}
+    built.update({f"wrong_{k}": wrong(k) for k in schema.keys})
+    built[f"other_doc_{evidence}"] = {**gold, evidence: _other_doc_quote(row, bodies, vocab)}
+    built["unparseable"] = ref[: len(ref) // 2]
+    return {name: v if isinstance(v, str) else format_answer(v, schema) for name, v in built.items()}
 
 
-def reward_table(grpo: pd.DataFrame, kb: pd.DataFrame, names: Sequence[str], domain: Mapping[str, Sequence[str]], vocab: Vocab, reward_fn: RewardFn) -> pd.DataFrame:
+def reward_table(
+    grpo: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema, domain: Mapping[str, Sequence[str]], vocab: Vocab, reward_fn: RewardFn
+) -> pd.DataFrame:
     """Rewards of the reference answer (column ``reference``) and of each perturbation, one row per item."""
     bodies = kb_bodies(kb)
     rows = []
     for row in grpo.to_dict("records"):
-        gold, ctx = gold_answer(row), context_text(item_docs(row, bodies))
-        texts = {"reference": format_answer(gold), **perturbed_answers(row, names, domain, bodies, vocab)}
+        gold, ctx = gold_of(row, schema), context_text(item_docs(row, bodies))
+        texts = {"reference": format_answer(gold, schema), **perturbed_answers(row, schema, domain, bodies, vocab)}
         rows.append({"item_id": row["item_id"], **{k: float(reward_fn(t, gold, ctx)) for k, t in texts.items()}})
-    return pd.DataFrame(rows, columns=["item_id", "reference", *names])
+    return pd.DataFrame(rows, columns=["item_id", "reference", *schema.perturbations])
 
 
 def reward_checks(table: pd.DataFrame, names: Sequence[str], p: AdmitParams) -> tuple[list[Check], dict[str, float]]:
@@ -253,27 +257,30 @@ def reward_checks(table: pd.DataFrame, names: Sequence[str], p: AdmitParams) -> 
 # --------------------------------------------------------------------------- label-shuffle canary
 
 
-def _labels(sft: pd.DataFrame) -> list[tuple]:
-    return list(sft[list(LABEL_FIELDS)].itertuples(index=False, name=None))
+def _labels(sft: pd.DataFrame, schema: AnswerSchema) -> list[tuple]:
+    """Each item's answer without its evidence quote (what a label shuffle must change)."""
+    return list(sft[[k for k in schema.names if k != schema.evidence]].itertuples(index=False, name=None))
 
 
-def evidence_in_context_rate(sft: pd.DataFrame, answers: pd.DataFrame, kb: pd.DataFrame) -> float:
-    """Fraction of items whose answer's evidence doc is in the item's context and describes the answer's line/shift/date.
+def evidence_in_context_rate(sft: pd.DataFrame, answers: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> float:
+    """Fraction of items whose answer's evidence doc is in the item's context and describes the answer's key
+    (the key fields the knowledge base carries: normalize joins them from the record a document describes).
 
     ``answers`` is aligned with ``sft`` row by row (the real answers, or shuffled ones).
     """
     if sft.empty:
         return 0.0
-    facts = kb.set_index("doc_id")[["line", "shift", "date"]]
+    known = [k for k in schema.keys if k in kb.columns]
+    facts = kb.set_index("doc_id")[known]
     hits = 0
     for ctx, ans in zip(sft["context_doc_ids"], answers.to_dict("records")):
         doc = ans["evidence_doc_id"]
         if doc in parse_doc_ids(ctx) and doc in facts.index:
-            hits += tuple(facts.loc[doc]) == (ans["line"], ans["shift"], ans["date"])
+            hits += tuple(facts.loc[doc]) == tuple(ans[k] for k in known)
     return hits / len(sft)
 
 
-def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams) -> tuple[list[Check], dict[str, float]]:
+def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, schema: AnswerSchema) -> tuple[list[Check], dict[str, float]]:
     """Shuffle D_sft answers across items (seeded) and measure how much the labels change.
 
     Labels that barely change under a shuffle (constant or degenerate answers) carry no
@@ -282,7 +289,7 @@ def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams) -> tuple[l
     """
     rng = np.random.default_rng([p.seed, _STREAMS["canary"]])
     perm = rng.permutation(len(sft))
-    labels = _labels(sft)
+    labels = _labels(sft, schema)
     changed = float(np.mean([labels[j] != labels[i] for i, j in enumerate(perm)])) if len(sft) else 0.0
     shuffled = sft.iloc[perm].reset_index(drop=True)
     # Diagnostic only, never blocking: the context is what the application's retriever
@@ -292,8 +299,8 @@ def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams) -> tuple[l
     # ones to catch it. Static checks passing is not proof that a batch is learnable.
     diag = {
         "label_shuffle_changed": changed,
-        "evidence_in_context_rate_real": evidence_in_context_rate(sft, sft, kb),
-        "evidence_in_context_rate_shuffled": evidence_in_context_rate(sft, shuffled, kb),
+        "evidence_in_context_rate_real": evidence_in_context_rate(sft, sft, kb, schema),
+        "evidence_in_context_rate_shuffled": evidence_in_context_rate(sft, shuffled, kb, schema),
     }
     return [check("label_shuffle_changed", changed, ">=", p.min_label_shuffle_changed, detail="fraction of D_sft labels a seeded shuffle changes")], diag
 
@@ -331,13 +338,34 @@ def static_checks(pools: Mapping[str, pd.DataFrame], admitted: Mapping[str, pd.D
             evidence_check(items, pools["kb"], p, vocab)]
 
 
-def training_data_checks(sft: pd.DataFrame, held: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab) -> list[Check]:
+def training_data_checks(
+    sft: pd.DataFrame, held: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab, schema: AnswerSchema
+) -> list[Check]:
     """The admission checks that read D_sft's content (balance, evidence, label canary), for
     re-checking training items changed after admission (``clap.judge.calibrate``'s data faults)."""
-    return [*balance_checks(sft, held, p), evidence_check(sft, kb, p, vocab), *label_canary(sft, kb, p)[0]]
+    check_key_params(p, schema)
+    return [*balance_checks(sft, held, p), evidence_check(sft, kb, p, vocab), *label_canary(sft, kb, p, schema)[0]]
 
 
-def admit_batch(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitParams, vocab: Vocab, reward_fn: RewardFn, batch: str) -> AdmissionResult:
+def check_key_params(p: AdmitParams, schema: AnswerSchema) -> None:
+    """The balance checks' params name key fields of the declared answer, with numeric bounds."""
+    for where, fields in (("max_key_share", p.max_key_share), ("min_distinct", p.min_distinct), ("min_coverage", p.min_coverage)):
+        unknown = sorted(set(fields) - set(schema.keys)) if isinstance(fields, dict) else ["<not a mapping>"]
+        bad = [k for k, v in fields.items() if isinstance(v, bool) or not isinstance(v, (int, float))] if not unknown else []
+        if unknown or bad:
+            raise ClapError(f"admit.{where} must map key fields of the answer (params task: {list(schema.keys)}) to "
+                            f"numbers; it names {unknown or bad}", file="params.yaml", column=f"admit.{where}", rule="bad_params")
+
+
+def admit_batch(
+    pools: Mapping[str, pd.DataFrame],
+    sizes: SplitSizes,
+    p: AdmitParams,
+    vocab: Vocab,
+    reward_fn: RewardFn,
+    batch: str,
+    schema: AnswerSchema,
+) -> AdmissionResult:
     """Select and check one batch's admitted data.
 
     Args:
@@ -346,18 +374,21 @@ def admit_batch(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitPa
         p: params ``admit``.
         vocab: the normalize vocabulary (evidence verification, value tolerance).
         reward_fn: ``(completion_text, gold, context_text) -> reward in [0, 1]``; the stage
-            passes ``clap.task.scoring.reward`` with the ``scoring`` params.
+            passes ``clap.task.scoring.reward`` with the ``scoring`` params and the answer schema.
         batch: the batch name (recorded).
+        schema: the declared answer (perturbations, the key fields of the balance checks).
 
     Returns:
         AdmissionResult; ``record["verdict"]`` is True iff every blocking check passed.
     """
+    check_key_params(p, schema)
     admitted = select_splits(pools, sizes, p.seed)
     items = pd.concat([pools[s] for s in ("sft", "grpo", "eval", "replay")])
-    domain = {k: sorted(items[k].unique()) for k in ("metric", "line", "shift")}
-    table = reward_table(admitted["grpo"], pools["kb"], list(p.perturbations), domain, vocab, reward_fn)
-    grpo_checks, grpo_stats = reward_checks(table, list(p.perturbations), p)
-    canary_checks, canary = label_canary(admitted["sft"], pools["kb"], p)
+    domain = {k: sorted(items[k].unique()) for k in schema.keys if schema.field(k).type != "date"}
+    names = list(schema.perturbations)
+    table = reward_table(admitted["grpo"], pools["kb"], schema, domain, vocab, reward_fn)
+    grpo_checks, grpo_stats = reward_checks(table, names, p)
+    canary_checks, canary = label_canary(admitted["sft"], pools["kb"], p, schema)
     checks = [*static_checks(pools, admitted, sizes, p, vocab), *grpo_checks, *canary_checks]
     frames = {**admitted, "kb": pools["kb"].reset_index(drop=True)}
     counts = {**{f"pool_{s}": len(pools[s]) for s in ("sft", "grpo", "eval", "replay", "kb")}, **{f"n_{s}": len(admitted[s]) for s in SPLITS}}
@@ -370,7 +401,7 @@ def admit_batch(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitPa
         "grpo": grpo_stats,
         "canary": canary,
         "hashes": {name: logical_hash(df) for name, df in frames.items()},
-        "selection": {"seed": p.seed, "sizes": dataclasses.asdict(sizes), "perturbations": list(p.perturbations)},
+        "selection": {"seed": p.seed, "sizes": dataclasses.asdict(sizes), "perturbations": names},
     }
     return AdmissionResult(frames, record, flat_metrics(record, checks))
 

@@ -47,8 +47,8 @@ from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, eval_params, evaluate
 from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
 from clap.model.base import ADAPTER_FILE
-from clap.task.prompt import ANSWER_FIELDS
-from clap.task.scoring import ScoringParams
+from clap.task.answer import AnswerSchema
+from clap.task.scoring import ScoringParams, scoring_params
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import curves_csv
 from clap.train.sft import TrainParams, admitted, train_batch
@@ -57,7 +57,11 @@ CLEAN = "clean"
 DATA_FAULTS = ("relabel", "dirty_values", "dirty_evidence")
 FAULTS = (*DATA_FAULTS, "loss_on_prompt", "lr_zero", "nan")
 BATCH_FILES = ("sft.parquet", "probe.parquet", "eval.parquet", "kb.parquet", "admission.json")
-RELABEL_COLUMNS = (*ANSWER_FIELDS, "evidence_doc_id")  # the answer moves with its cited doc
+
+
+def relabel_columns(answer: AnswerSchema) -> tuple[str, ...]:
+    """The columns a relabel fault moves: the whole answer, with its cited doc."""
+    return (*answer.names, "evidence_doc_id")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,13 +137,14 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
     sections = {
         "train": TrainParams,
         "detector": DetectorParams,
-        "scoring": ScoringParams,
         "gate": GateParams,
         "admit": AdmitParams,
         "normalize": NormalizeParams,
     }
     loop = LoopParams(
-        **{name: params.section(name, cls, path) for name, cls in sections.items()}, eval=eval_params(path)
+        **{name: params.section(name, cls, path) for name, cls in sections.items()},
+        eval=eval_params(path),
+        scoring=scoring_params(path),
     )
     return params.section("calibrate", CalibrateParams, path), loop
 
@@ -178,11 +183,13 @@ def rows_changed(before: pd.DataFrame, after: pd.DataFrame, columns: Sequence[st
     return int((before[cols].reset_index(drop=True) != after[cols].reset_index(drop=True)).any(axis=1).sum())
 
 
-def corrupt_sft(sft: pd.DataFrame, fault: str, fraction: float, seed: int) -> pd.DataFrame:
+def corrupt_sft(
+    sft: pd.DataFrame, fault: str, fraction: float, seed: int, answer: AnswerSchema
+) -> pd.DataFrame:
     """The training items with a data fault injected (``sft`` unchanged for other faults)."""
     rng = np.random.default_rng(seed)
     if fault == "relabel":
-        return derange_rows(sft, RELABEL_COLUMNS, 1.0, rng)
+        return derange_rows(sft, relabel_columns(answer), 1.0, rng)
     if fault == "dirty_values":
         return derange_rows(sft, ["value"], fraction, rng)
     if fault == "dirty_evidence":
@@ -205,7 +212,7 @@ def fault_train_params(
 
 
 def prepare_batch(
-    admitted_dir: Path, run_dir: Path, variant: Variant, cp: CalibrateParams
+    admitted_dir: Path, run_dir: Path, variant: Variant, cp: CalibrateParams, answer: AnswerSchema
 ) -> tuple[Path, int]:
     """Copy the admitted batch into ``run_dir/data`` with the variant's data fault; (folder, rows changed)."""
     data = run_dir / "data"
@@ -215,9 +222,9 @@ def prepare_batch(
     if variant.fault not in DATA_FAULTS:
         return data, 0
     sft = io.read_parquet(admitted_dir / "sft.parquet")
-    dirty = corrupt_sft(sft, variant.fault, cp.dirty_fraction, variant.seed)
+    dirty = corrupt_sft(sft, variant.fault, cp.dirty_fraction, variant.seed, answer)
     io.write_parquet(data / "sft.parquet", dirty)
-    return data, rows_changed(sft, dirty, RELABEL_COLUMNS)
+    return data, rows_changed(sft, dirty, relabel_columns(answer))
 
 
 def readmit(data: Path, lp: LoopParams) -> dict[str, Any]:
@@ -225,7 +232,7 @@ def readmit(data: Path, lp: LoopParams) -> dict[str, Any]:
     ``admitted``, the failed checks' reasons and the evidence-verifiable rate."""
     sft, kb = io.read_parquet(data / "sft.parquet"), io.read_parquet(data / "kb.parquet")
     held = pd.concat([io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "probe.parquet")])
-    checks = training_data_checks(sft, held, kb, lp.admit, build_vocab(lp.normalize))
+    checks = training_data_checks(sft, held, kb, lp.admit, build_vocab(lp.normalize), lp.scoring.answer)
     failed = [c for c in checks if c.blocking and not c.passed]
     evidence = next(c.value for c in checks if c.name == "evidence_verifiable_rate")
     return {
@@ -258,12 +265,20 @@ def gate_run(
     scored = base_eval[0]  # eval's timings are diagnostics: the gate bounds per-request latency (replay)
     if cand is not None:
         c_scored, _, _ = evaluate(
-            [cand], base_dir, items, kb, lp.eval, lp.scoring, answer_space(lp.normalize)
+            [cand], base_dir, items, kb, lp.eval, lp.scoring, answer_space(lp.normalize, lp.scoring.answer)
         )
         scored = pd.concat([scored, c_scored], ignore_index=True)
     meta = {"models": [dataclasses.asdict(s) for s in specs], "production": {}}
     # no replay here: the per-request latency bound (measured by replay) is not part of calibration
-    return run_gate(scored, meta, record, {"admitted": int(admitted)}, lp.gate, replay=None)
+    return run_gate(
+        scored,
+        meta,
+        record,
+        {"admitted": int(admitted)},
+        lp.gate,
+        replay=None,
+        slices=lp.scoring.answer.slices,
+    )
 
 
 def table_row(
@@ -337,10 +352,10 @@ def run_variant(
     lp: LoopParams,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Train, eval and gate one variant in ``run_dir``; (table row, training curves)."""
-    data, changed = prepare_batch(admitted_dir, run_dir, variant, cp)
+    data, changed = prepare_batch(admitted_dir, run_dir, variant, cp, lp.scoring.answer)
     admission = readmit(data, lp)
     tp = fault_train_params(lp.train, variant, cp, run_dir / "checkpoints")
-    result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector)
+    result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector, answer=lp.scoring.answer)
     items, kb = io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "kb.parquet")
     gate = gate_run(
         base_eval,
@@ -396,7 +411,7 @@ def calibrate(
         kb,
         lp.eval,
         lp.scoring,
-        answer_space(lp.normalize),
+        answer_space(lp.normalize, lp.scoring.answer),
     )  # the same for every run
     rows, curves = [], {}
     for variant in plan(cp):

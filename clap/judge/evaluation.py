@@ -23,13 +23,14 @@ from clap import io, params
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding, constrainer_for
 from clap.errors import ClapError
-from clap.judge.scored import ROLES, SCORED_COLUMNS, TIMING_COLUMNS
+from clap.judge.scored import ROLES, TIMING_COLUMNS, scored_columns
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation, generate_batched
 from clap.release.registry import verify_pointer
+from clap.task.answer import AnswerSchema
 from clap.task.context import item_docs, kb_bodies
-from clap.task.prompt import ANSWER_FIELDS, CORE_FIELDS, build_messages
-from clap.task.scoring import SLICES, ScoringParams, context_text, parse_answer, score_item
+from clap.task.prompt import build_messages
+from clap.task.scoring import ScoringParams, context_text, parse_answer, score_item
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,24 +175,30 @@ def score_generations(
 ) -> pd.DataFrame:
     """One scored row per item for one model (no timings: those go to :func:`timing_rows`)."""
     rows = []
+    schema = p.answer
     for pos, (item, gen, ctx) in enumerate(zip(items.to_dict("records"), gens, contexts)):
-        parsed = parse_answer(gen.text)
-        scored = score_item(parsed, {k: item[k] for k in ANSWER_FIELDS}, ctx, p)
-        row = {"model": role, "position": pos, "item_id": item["item_id"], **{s: item[s] for s in SLICES}}
+        parsed = parse_answer(gen.text, schema)
+        scored = score_item(parsed, {k: item[k] for k in schema.names}, ctx, p)
+        row = {
+            "model": role,
+            "position": pos,
+            "item_id": item["item_id"],
+            **{s: item[s] for s in schema.slices},
+        }
         row.update(
-            gold_value=float(item["value"]),
+            gold_value=float(item[schema.value]),
             output=gen.text,
             parse_ok=parsed.ok,
             parse_error=parsed.error or "",
         )
-        row.update({f"pred_{k}": _as_text(parsed.fields.get(k)) for k in ANSWER_FIELDS if k != "value"})
+        row.update({f"pred_{k}": _as_text(parsed.fields.get(k)) for k in schema.names if k != schema.value})
         row.update(
             {k: v for k, v in scored.items() if k != "parse_ok"},
             new_tokens=gen.new_tokens,
             prompt_tokens=gen.prompt_tokens,
         )
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=SCORED_COLUMNS)
+    frame = pd.DataFrame(rows, columns=scored_columns(schema))
     frame["pred_value"] = pd.to_numeric(frame["pred_value"], errors="coerce").astype("float64")
     return frame
 
@@ -211,7 +218,7 @@ def generate_for(
     chats: Sequence[list[dict[str, str]]],
     docs: Sequence[Sequence[tuple[str, str]]],
     p: EvalParams,
-    space: AnswerSpace | None,
+    space: AnswerSpace,
     constrainers: dict[str, Constrainer],
 ) -> tuple[list[Generation], float | None]:
     """Load one model (base + optional adapter) and answer every chat.
@@ -243,7 +250,7 @@ def generate_for(
         free = generate_batched(
             model, tok, chats[:k], batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc="free"
         )
-        free_rate = sum(parse_answer(g.text).ok for g in free) / k
+        free_rate = sum(parse_answer(g.text, space.answer).ok for g in free) / k
     del model  # free the weights before the next model loads
     return gens, free_rate
 
@@ -255,16 +262,16 @@ def evaluate(
     kb: pd.DataFrame,
     p: EvalParams,
     sp: ScoringParams,
-    space: AnswerSpace | None,
+    space: AnswerSpace,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
     """Score every model in ``specs`` on ``items``: (scored rows, timing rows, diagnostics).
 
     The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured.
     """
     if items.empty:
-        return pd.DataFrame(columns=SCORED_COLUMNS), pd.DataFrame(columns=TIMING_COLUMNS), {}
+        return pd.DataFrame(columns=scored_columns(sp.answer)), pd.DataFrame(columns=TIMING_COLUMNS), {}
     docs = item_contexts(items, kb)
-    chats = [build_messages(q, d) for q, d in zip(items["question"], docs)]
+    chats = [build_messages(q, d, sp.answer) for q, d in zip(items["question"], docs)]
     contexts = [context_text(d) for d in docs]
     scored, timed, diagnostics, constrainers = [], [], {}, {}
     for spec in specs:
@@ -295,8 +302,8 @@ def manifest(
     }
 
 
-def _rates(rows: pd.DataFrame) -> dict[str, float]:
-    core = rows[[f"{k}_correct" for k in CORE_FIELDS]].all(axis=1)
+def _rates(rows: pd.DataFrame, schema: AnswerSchema) -> dict[str, float]:
+    core = rows[[f"{k}_correct" for k in schema.keys]].all(axis=1)
     return {
         "overall": float(rows["overall"].mean()),
         "pass_rate": float(rows["pass"].mean()),
@@ -319,7 +326,9 @@ def _speed(times: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def flat_metrics(scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[ModelSpec]) -> dict[str, Any]:
+def flat_metrics(
+    scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[ModelSpec], schema: AnswerSchema
+) -> dict[str, Any]:
     """Flat per-model metrics ``<role>_<metric>`` plus what was evaluated."""
     roles = {s.role: s for s in specs}
     out: dict[str, Any] = {f"has_{r}": int(r in roles) for r in ROLES[1:]}
@@ -327,5 +336,5 @@ def flat_metrics(scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[Mo
     out["incumbent_batch"] = roles["incumbent"].batch if "incumbent" in roles else ""
     for role in roles if len(scored) else ():
         rows, times = scored[scored["model"] == role], timings[timings["model"] == role]
-        out.update({f"{role}_{k}": round(v, 6) for k, v in {**_rates(rows), **_speed(times)}.items()})
+        out.update({f"{role}_{k}": round(v, 6) for k, v in {**_rates(rows, schema), **_speed(times)}.items()})
     return out

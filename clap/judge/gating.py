@@ -39,7 +39,6 @@ from clap.judge.stats import (
     rule_required_pairs,
     slice_regression_pvalue,
 )
-from clap.task.scoring import SLICES
 
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
 DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
@@ -162,6 +161,7 @@ class GateResult:
     numbers: dict[str, Any]
     regressed: pd.DataFrame
     slices: list[dict[str, Any]]
+    slice_columns: tuple[str, ...]  # the item columns results are broken down by (the answer's slices)
 
 
 def choose_baseline(meta: Mapping[str, Any], p: GateParams) -> tuple[str, str]:
@@ -281,9 +281,9 @@ def bound_check(
     return Check(name, "promote", f"{text}: within")
 
 
-def paired_frame(scored: pd.DataFrame, candidate: str, baseline: str) -> pd.DataFrame:
+def paired_frame(scored: pd.DataFrame, candidate: str, baseline: str, slices: Sequence[str]) -> pd.DataFrame:
     """Candidate and baseline rows side by side per item, in eval order."""
-    cols = ["item_id", "position", *SLICES, "pass", "output", "overall"]
+    cols = ["item_id", "position", *slices, "pass", "output", "overall"]
     c = scored[scored["model"] == candidate][cols].set_index("item_id")
     b = scored[scored["model"] == baseline][["item_id", "pass", "output", "overall"]].set_index("item_id")
     if len(c) == 0 or len(b) == 0 or set(c.index) != set(b.index):
@@ -299,19 +299,19 @@ def regressed_items(pairs: pd.DataFrame) -> pd.DataFrame:
     return pairs[pairs["pass_baseline"] & ~pairs["pass"]].reset_index(drop=True)
 
 
-def regressions_by_slice(regressed: pd.DataFrame) -> dict[str, dict[str, int]]:
-    """Count of regressed items per value of each slice column (metric, line, source, ...)."""
-    return {s: {str(k): int(v) for k, v in regressed[s].value_counts().sort_index().items()} for s in SLICES}
+def regressions_by_slice(regressed: pd.DataFrame, slices: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Count of regressed items per value of each slice column (the key fields, source, ...)."""
+    return {s: {str(k): int(v) for k, v in regressed[s].value_counts().sort_index().items()} for s in slices}
 
 
-def slice_tests(pairs: pd.DataFrame) -> list[dict[str, Any]]:
-    """Every slice (each value of each column in SLICES) with its paired counts and the one-sided
+def slice_tests(pairs: pd.DataFrame, slices: Sequence[str]) -> list[dict[str, Any]]:
+    """Every slice (each value of each column in ``slices``) with its paired counts and the one-sided
     exact regression p-value P(Bin(b + c, 1/2) >= c), Holm-adjusted over all of them.
 
     A slice without discordant pairs is listed with p = 1 (it can never be significant).
     """
     rows = []
-    for col in SLICES:
+    for col in slices:
         for value, part in pairs.groupby(col, sort=True):
             b = int((part["pass"] & ~part["pass_baseline"]).sum())
             c = int((~part["pass"] & part["pass_baseline"]).sum())
@@ -508,6 +508,7 @@ def run_gate(
     extra_checks: Sequence[Check] = (),
     *,
     replay: Mapping[str, Any] | None,
+    slices: Sequence[str],
 ) -> GateResult:
     """Apply the gate policy to one batch's eval records and training/admission records.
 
@@ -515,34 +516,35 @@ def run_gate(
     (:func:`request_latency_checks`); the gate stage always passes it; calibration, which runs
     no replay, says ``replay=None`` and so applies no latency bound. ``extra_checks`` cap the decision
     too, listed after the gate's own (so on a tie the rule names an offline check): a held GRPO
-    probe when params say it holds SFT, the chain checks.
+    probe when params say it holds SFT, the chain checks. ``slices`` are the item columns of the
+    scored frame the results are broken down by (the declared answer's, ``AnswerSchema.slices``).
     """
     checks = [admission_check(admit), health_check(train, p), masking_check(train, p)]
     baseline, why = choose_baseline(meta, p)
     numbers: dict[str, Any] = {"baseline": baseline, "baseline_reason": why}
     regressed = pd.DataFrame(
-        columns=["item_id", *SLICES, "output", "output_baseline"]
+        columns=["item_id", *slices, "output", "output_baseline"]
     )  # none without a candidate
-    slices: list[dict[str, Any]] = []
+    tested: list[dict[str, Any]] = []
     if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
         checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
     else:
-        pairs = paired_frame(scored, "candidate", baseline)
+        pairs = paired_frame(scored, "candidate", baseline, slices)
         test = paired_test(pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool), p.alpha)
         regressed = regressed_items(pairs)
         risks, risk_numbers = risk_checks(scored, regressed, p)
         latency, latency_numbers = request_latency_checks(replay, p) if replay is not None else ([], {})
-        slices = slice_tests(pairs)
-        slice_cap = slice_check(slices, p.slices)
+        tested = slice_tests(pairs, slices)
+        slice_cap = slice_check(tested, p.slices)
         checks += [quality_check(test, p), slice_cap, *risks, *latency]
         numbers.update(quality_numbers(test, pairs, p), **risk_numbers, **latency_numbers)
         numbers.update(
-            slices_tested=len(slices),
-            slices_regressed=sum(s["p_adjusted"] < p.slices.alpha for s in slices),
+            slices_tested=len(tested),
+            slices_regressed=sum(s["p_adjusted"] < p.slices.alpha for s in tested),
         )
     checks += extra_checks
     decision, rule = decide(checks)
-    return GateResult(decision, rule, checks, numbers, regressed, slices)
+    return GateResult(decision, rule, checks, numbers, regressed, tested, tuple(slices))
 
 
 def flat_metrics(result: GateResult) -> dict[str, Any]:
@@ -561,9 +563,9 @@ def flat_metrics(result: GateResult) -> dict[str, Any]:
     return out
 
 
-def regressed_samples(regressed: pd.DataFrame, limit: int) -> list[dict[str, Any]]:
+def regressed_samples(regressed: pd.DataFrame, limit: int, slices: Sequence[str]) -> list[dict[str, Any]]:
     """The first ``limit`` regressed items with both answers (for the evidence bundle)."""
-    cols = ["item_id", *SLICES, "output_baseline", "output"]
+    cols = ["item_id", *slices, "output_baseline", "output"]
     rows = regressed[cols].head(limit).rename(columns={"output": "output_candidate"})
     return rows.to_dict("records")
 
@@ -595,8 +597,8 @@ def evidence_bundle(
         "regressed": {
             "count": int(len(result.regressed)),
             "item_ids": [str(i) for i in result.regressed["item_id"]],
-            "by_slice": regressions_by_slice(result.regressed),
-            "samples": regressed_samples(result.regressed, p.max_regressed_samples),
+            "by_slice": regressions_by_slice(result.regressed, result.slice_columns),
+            "samples": regressed_samples(result.regressed, p.max_regressed_samples, result.slice_columns),
         },
         "slices": {
             "alpha": p.slices.alpha,

@@ -46,8 +46,8 @@ from clap.chain.chain import Chain, ChainAnswer, ChainParams, build_index, load_
 from clap.chain.grounding import AnswerSpace
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
-from clap.judge.scored import SCORED_COLUMNS
-from clap.task.prompt import CORE_FIELDS
+from clap.judge.scored import scored_columns
+from clap.task.answer import AnswerSchema
 from clap.task.scoring import ScoringParams
 
 CONDITIONS: dict[str, tuple[str, bool]] = {
@@ -56,16 +56,22 @@ CONDITIONS: dict[str, tuple[str, bool]] = {
     "C": ("base", False),
     "D": ("adapter", False),
 }
-CASE_COLUMNS = [
-    "condition",
-    "model",
-    "rag",
-    *[c for c in SCORED_COLUMNS if c != "model"],
-    "gold_doc_id",
-    "retrieved_doc_ids",
-    "retrieval_hit",
-    "core_correct",
-]
+
+
+def case_columns(schema: AnswerSchema) -> list[str]:
+    """Columns of the replay cases frame for the declared answer."""
+    return [
+        "condition",
+        "model",
+        "rag",
+        *[c for c in scored_columns(schema) if c != "model"],
+        "gold_doc_id",
+        "retrieved_doc_ids",
+        "retrieval_hit",
+        "core_correct",
+    ]
+
+
 TIMING_COLUMNS = [
     "condition",
     "item_id",
@@ -166,7 +172,7 @@ def run_conditions(
     cp: ChainParams,
     p: EvalParams,
     lp: LatencyParams,
-    space: AnswerSpace | None,
+    space: AnswerSpace,
 ) -> tuple[dict[str, list[ChainAnswer]], pd.DataFrame]:
     """Answer every case under A and C (base) and, with an adapter, B and D; one index for all.
 
@@ -202,8 +208,8 @@ def case_rows(
     scored["gold_doc_id"] = list(items["evidence_doc_id"])
     scored["retrieved_doc_ids"] = [json.dumps(a.retrieved.doc_ids) for a in answers]
     scored["retrieval_hit"] = [g in a.retrieved.doc_ids for g, a in zip(items["evidence_doc_id"], answers)]
-    scored["core_correct"] = scored[[f"{k}_correct" for k in CORE_FIELDS]].all(axis=1)
-    return scored[CASE_COLUMNS]
+    scored["core_correct"] = scored[[f"{k}_correct" for k in sp.answer.keys]].all(axis=1)
+    return scored[case_columns(sp.answer)]
 
 
 def timing_rows(cond: str, items: pd.DataFrame, answers: Sequence[ChainAnswer]) -> pd.DataFrame:
@@ -231,7 +237,7 @@ def score_conditions(
     cases = [case_rows(c, items, a, sp) for c, a in answers.items()]
     times = [timing_rows(c, items, a) for c, a in answers.items()]
     if not cases:
-        return pd.DataFrame(columns=CASE_COLUMNS), pd.DataFrame(columns=TIMING_COLUMNS)
+        return pd.DataFrame(columns=case_columns(sp.answer)), pd.DataFrame(columns=TIMING_COLUMNS)
     return pd.concat(cases, ignore_index=True), pd.concat(times, ignore_index=True)
 
 

@@ -14,16 +14,21 @@ import pandas as pd
 
 from clap import io
 from clap.errors import ClapError
-from clap.task.prompt import ANSWER_FIELDS
-from clap.task.scoring import SLICES
+from clap.task.answer import AnswerSchema
 
 ROLES = ("base", "candidate", "incumbent")
-SCORED_COLUMNS = (
-    ["model", "position", "item_id", *SLICES, "gold_value", "output", "parse_ok", "parse_error"]
-    + [f"pred_{k}" for k in ANSWER_FIELDS]
-    + [f"{k}_correct" for k in ANSWER_FIELDS]
-    + ["pass", "overall", "hallucination", "wrong_fact", "new_tokens", "prompt_tokens"]
-)
+
+
+def scored_columns(schema: AnswerSchema) -> list[str]:
+    """Columns of a scored-items frame for the declared answer (its slices and fields)."""
+    return (
+        ["model", "position", "item_id", *schema.slices, "gold_value", "output", "parse_ok", "parse_error"]
+        + [f"pred_{k}" for k in schema.names]
+        + [f"{k}_correct" for k in schema.names]
+        + ["pass", "overall", "hallucination", "wrong_fact", "new_tokens", "prompt_tokens"]
+    )
+
+
 TIMING_COLUMNS = ["model", "item_id", "latency_ms", "batch_wall_ms", "batch_size", "batch_index"]
 
 

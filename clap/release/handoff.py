@@ -29,6 +29,7 @@ import yaml
 from clap import io, vcs
 from clap.errors import ClapError
 from clap.release.approval import Binding
+from clap.task.answer import AnswerSchema, load_answer_schema
 
 CARD, MANIFEST, COST = "README.md", "manifest.json", "cost.json"
 COST_POLICIES = ("refuse", "hold")
@@ -40,6 +41,8 @@ class CardParams:
     """params ``release.card``."""
 
     license: str
+    task: str  # the model-index task name
+    summary: str  # what the adapter does, in the card's first sentence
     tags: list[str]
     packages: list[str]
 
@@ -143,7 +146,7 @@ def model_card(root: Path, binding: Binding, datasets: dict[str, str], p: CardPa
                 "name": f"clap-adapter-{b}",
                 "results": [
                     {
-                        "task": {"type": "text-generation", "name": "KPI question answering (JSON)"},
+                        "task": {"type": "text-generation", "name": p.task},
                         "dataset": {
                             "name": f"clap {b} D_eval",
                             "type": f"clap/{b}/eval",
@@ -157,17 +160,17 @@ def model_card(root: Path, binding: Binding, datasets: dict[str, str], p: CardPa
         ],
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    body = _card_body(binding, base)
+    body = _card_body(binding, base, p, load_answer_schema(Path(root) / "params.yaml"))
     return f"---\n{front}---\n\n{body}"
 
 
-def _card_body(binding: Binding, base: dict[str, Any]) -> str:
+def _card_body(binding: Binding, base: dict[str, Any], p: CardParams, answer: AnswerSchema) -> str:
     b = binding.batch
     return f"""# clap LoRA adapter, batch {b}
 
-A LoRA adapter for `{base.get("source", "?")}` that answers manufacturing KPI questions with one
-JSON object (metric, line, shift, date, verbatim evidence quote, value, unit) from retrieved
-documents. Trained and evaluated by the clap pipeline on data batch `{b}`.
+A LoRA adapter for `{base.get("source", "?")}` that {p.summary} with one JSON object
+({", ".join(answer.names)}; the evidence a verbatim quote) from retrieved documents. Trained and
+evaluated by the clap pipeline on data batch `{b}`.
 
 - Gate decision: **{binding.decision}** (see `reports/gate/{b}/report.md`)
 - Adapter (`adapter_model.safetensors`) sha256: `{binding.adapter_sha256}`

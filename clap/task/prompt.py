@@ -1,13 +1,14 @@
 """The one prompt builder: training, eval, replay and serving all build prompts here.
 
-A model answers with one JSON object whose keys are ANSWER_FIELDS, in that order: first
-the record's key (metric, line, shift, date, copied from the question), then the verbatim
-evidence from the one context document with that key, and only then the value and unit,
-copied from the evidence just written. Grounding before answering matters for a small model:
-with the value first it commits to a number before it has located the record (SmolLM2-135M
-then copied a distractor's value in about half of the held-out items). The
-same ``format_answer`` renders SFT completions and GRPO references, so what the model is
-trained to emit is exactly what the parser in ``clap.task.scoring`` reads.
+A model answers with one JSON object whose keys are the declared answer's fields
+(:mod:`clap.task.answer`, params ``task``), in that order. The demo's declaration puts the
+record's key first (metric, line, shift, date, copied from the question), then the verbatim
+evidence from the one context document with that key, and only then the value and unit, copied
+from the evidence just written. Grounding before answering matters for a small model: with the
+value first it commits to a number before it has located the record (SmolLM2-135M then copied a
+distractor's value in about half of the held-out items). The same ``format_answer`` renders SFT
+completions and GRPO references, so what the model is trained to emit is exactly what the parser
+in ``clap.task.scoring`` reads.
 """
 
 from __future__ import annotations
@@ -18,13 +19,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ANSWER_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date", "evidence", "value", "unit")
-CORE_FIELDS: tuple[str, ...] = ("metric", "line", "shift", "date")
+from clap.task.answer import AnswerSchema
 
-SYSTEM_PROMPT = (  # short on purpose: every prompt token is paid in training, eval, replay and serving
-    'Answer from the context only, as one JSON object with keys "metric", "line", "shift", "date", '
-    '"evidence" (a verbatim quote from the context that contains the value), "value", "unit".'
-)
 NO_CONTEXT = "(no documents retrieved)"
 # a calendar date in the canonical (ISO) form normalization writes
 DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
@@ -40,6 +36,7 @@ def context_sentences(docs: Sequence[tuple[str, str]] | None) -> list[str]:
 
 
 def answer_json_schema(
+    schema: AnswerSchema,
     vocabularies: Mapping[str, Sequence[str]],
     quotes: Sequence[str] | None = None,
     units: Mapping[str, str] | None = None,
@@ -47,60 +44,60 @@ def answer_json_schema(
 ) -> dict[str, Any]:
     """The JSON schema of an answer, as constrained decoding enforces it.
 
-    Every ANSWER_FIELDS key, in that order, is required and no other is allowed; ``value`` is a
-    JSON number, ``date`` a calendar date in ISO form, a field with a vocabulary
-    (``vocabularies[field]``, e.g. the canonical metrics of params ``normalize``) one of its
-    words, ``evidence`` one of ``quotes`` (the context's sentences, :func:`context_sentences`;
-    None or empty: any string, as when there is no context), ``date`` one of ``dates`` when
-    given (the dates the context mentions), any other field a string. With
-    ``units`` (metric -> its canonical unit) the unit is the chosen metric's: one object
-    schema per metric, so the unit is forced once the metric is chosen.
+    Every answer field, in order, is required and no other is allowed; the value is a JSON
+    number, a ``date`` field a calendar date in ISO form (one of ``dates`` when given: the dates
+    the context mentions), a ``vocabulary`` field one of ``vocabularies[field]``, the evidence
+    one of ``quotes`` (the context's sentences, :func:`context_sentences`; None or empty: any
+    string, as when there is no context), any other field a string. With ``units`` (each value of
+    the unit's ``of`` key field -> its unit) there is one object schema per value of that key
+    field, so the unit is forced once the key is chosen.
     """
-    unknown = sorted(set(vocabularies) - set(ANSWER_FIELDS))
+    unknown = sorted(set(vocabularies) - set(schema.names))
     if unknown:
         raise ValueError(f"vocabularies for fields that are not answer fields: {unknown}")
     props: dict[str, Any] = {}
-    for field in ANSWER_FIELDS:
-        if field in vocabularies:
-            words = list(dict.fromkeys(str(w) for w in vocabularies[field]))
+    for f in schema.fields:
+        if f.type == "vocabulary":
+            words = list(dict.fromkeys(str(w) for w in vocabularies.get(f.name, [])))
             if not words:
-                raise ValueError(f"empty vocabulary for answer field {field!r}")
-            props[field] = {"type": "string", "enum": words}
-        elif field == "evidence" and quotes:
-            props[field] = {"type": "string", "enum": list(dict.fromkeys(quotes))}
-        elif field == "value":
-            props[field] = {"type": "number"}
-        elif field == "date" and dates:
-            props[field] = {"type": "string", "enum": list(dict.fromkeys(dates))}
-        elif field == "date":
-            props[field] = {"type": "string", "pattern": DATE_PATTERN}
+                raise ValueError(f"empty vocabulary for answer field {f.name!r}")
+            props[f.name] = {"type": "string", "enum": words}
+        elif f.role == "evidence" and quotes:
+            props[f.name] = {"type": "string", "enum": list(dict.fromkeys(quotes))}
+        elif f.type == "number":
+            props[f.name] = {"type": "number"}
+        elif f.type == "date" and dates:
+            props[f.name] = {"type": "string", "enum": list(dict.fromkeys(dates))}
+        elif f.type == "date":
+            props[f.name] = {"type": "string", "pattern": DATE_PATTERN}
         else:
-            props[field] = {"type": "string"}
+            props[f.name] = {"type": "string"}
 
     def obj(properties: dict[str, Any]) -> dict[str, Any]:
         return {
             "type": "object",
             "properties": properties,
-            "required": list(ANSWER_FIELDS),
+            "required": list(schema.names),
             "additionalProperties": False,
         }
 
-    if not units:
+    unit = next((f for f in schema.fields if f.role == "unit" and f.of), None)
+    if not units or unit is None:
         return obj(props)
-    metrics = props["metric"].get("enum", list(units))
-    missing = sorted(set(metrics) - set(units))
+    keys = props[unit.of].get("enum", list(units))
+    missing = sorted(set(keys) - set(units))
     if missing:
-        raise ValueError(f"no unit for metrics {missing}")
+        raise ValueError(f"no {unit.name} for {unit.of} {missing}")
     return {
         "anyOf": [
             obj(
                 {
                     **props,
-                    "metric": {"type": "string", "const": m},
-                    "unit": {"type": "string", "const": units[m]},
+                    unit.of: {"type": "string", "const": k},
+                    unit.name: {"type": "string", "const": units[k]},
                 }
             )
-            for m in metrics
+            for k in keys
         ]
     }
 
@@ -111,10 +108,12 @@ def format_context(docs: Iterable[tuple[str, str]]) -> str:
     return "\n".join(lines) if lines else NO_CONTEXT
 
 
-def build_messages(question: str, docs: Sequence[tuple[str, str]] | None) -> list[dict[str, str]]:
+def build_messages(
+    question: str, docs: Sequence[tuple[str, str]] | None, schema: AnswerSchema
+) -> list[dict[str, str]]:
     """Chat messages (system + user) for one question; ``docs=None`` or ``[]`` is the no-RAG condition."""
     user = f"Context:\n{format_context(docs or [])}\n\nQuestion: {question.strip()}"
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": schema.system_prompt}, {"role": "user", "content": user}]
 
 
 def _num(v: float) -> int | float:
@@ -123,26 +122,21 @@ def _num(v: float) -> int | float:
     return int(v) if float(v).is_integer() else round(float(v), 6)
 
 
-def format_answer(answer: Mapping[str, object]) -> str:
-    """Canonical JSON text of an answer (fixed key order, value as a number)."""
-    missing = [k for k in ANSWER_FIELDS if k not in answer]
+def format_answer(answer: Mapping[str, object], schema: AnswerSchema) -> str:
+    """Canonical JSON text of an answer (the declared key order, the value as a number)."""
+    missing = [k for k in schema.names if k not in answer]
     if missing:
         raise ValueError(f"answer is missing fields {missing}")
-    obj = {k: answer[k] for k in ANSWER_FIELDS}
-    obj["value"] = _num(obj["value"])  # type: ignore[arg-type]
+    obj = {k: answer[k] for k in schema.names}
+    obj[schema.value] = _num(obj[schema.value])  # type: ignore[arg-type]
     return json.dumps(obj, ensure_ascii=False)
 
 
 def build_example(
-    question: str, docs: Sequence[tuple[str, str]] | None, answer: Mapping[str, object]
+    question: str, docs: Sequence[tuple[str, str]] | None, answer: Mapping[str, object], schema: AnswerSchema
 ) -> dict:
     """A TRL conversational prompt/completion example (completion-only loss by default)."""
     return {
-        "prompt": build_messages(question, docs),
-        "completion": [{"role": "assistant", "content": format_answer(answer)}],
+        "prompt": build_messages(question, docs, schema),
+        "completion": [{"role": "assistant", "content": format_answer(answer, schema)}],
     }
-
-
-def gold_answer(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The reference answer of an item (the ANSWER_FIELDS of its gold)."""
-    return {k: (float(row[k]) if k == "value" else str(row[k])) for k in ANSWER_FIELDS}

@@ -16,50 +16,42 @@ import math
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from clap.errors import ClapError
-from clap.task.prompt import ANSWER_FIELDS
-
-SLICES: tuple[str, ...] = (
-    "metric",
-    "line",
-    "shift",
-    "source_system",
-    "question_type",
-)  # item columns results are broken down by
-
-
-@dataclasses.dataclass(frozen=True)
-class FieldWeights:
-    """Weight of each answer field in ``overall`` (params ``scoring.weights``)."""
-
-    metric: float
-    value: float
-    unit: float
-    line: float
-    shift: float
-    date: float
-    evidence: float
+from clap.task.answer import PARAMS, AnswerSchema, load_answer_schema
 
 
 @dataclasses.dataclass(frozen=True)
 class ScoringParams:
-    """Params section ``scoring``."""
+    """Params section ``scoring`` and the declared answer it scores (params ``task``: fields, weights)."""
 
     value_rel_tol: float
     value_abs_tol: float
-    weights: FieldWeights
+    answer: AnswerSchema
 
     def __post_init__(self) -> None:
-        weights = dataclasses.asdict(self.weights)
-        if min(self.value_rel_tol, self.value_abs_tol, *weights.values()) < 0 or sum(weights.values()) <= 0:
+        if min(self.value_rel_tol, self.value_abs_tol) < 0:
             raise ClapError(
-                "scoring tolerances and weights must be >= 0 with a positive weight sum",
-                file="params.yaml",
-                column="scoring",
-                rule="bad_params",
+                "scoring tolerances must be >= 0", file="params.yaml", column="scoring", rule="bad_params"
             )
+
+
+def scoring_params(path: Path | str = PARAMS) -> ScoringParams:
+    """Params ``scoring`` with the answer schema of params ``task``."""
+    from clap.params import raw_section
+
+    raw = raw_section("scoring", path)
+    if not isinstance(raw, dict) or set(raw) != {"value_rel_tol", "value_abs_tol"}:
+        raise ClapError(
+            "scoring must have exactly value_rel_tol and value_abs_tol (the field weights are "
+            "params task.answer.<field>.weight)",
+            file=path,
+            column="scoring",
+            rule="bad_params",
+        )
+    return ScoringParams(raw["value_rel_tol"], raw["value_abs_tol"], load_answer_schema(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +78,7 @@ _NUMBER = re.compile(r"(?<![\w.,\-\u2212\u2013])([-\u2212\u2013]?)(\d+(?:[.,]\d+
 _SEPARATORS = re.compile(r"[.,]")
 
 
-def parse_answer(text: Any) -> ParsedAnswer:
+def parse_answer(text: Any, schema: AnswerSchema) -> ParsedAnswer:
     """Extract the first JSON object from model output; never raises.
 
     Leading prose, code fences and trailing junk are tolerated: decoding starts at each
@@ -94,6 +86,7 @@ def parse_answer(text: Any) -> ParsedAnswer:
 
     Args:
         text: the raw generated text (anything; non-strings fail to parse).
+        schema: the declared answer (which keys are answer fields).
 
     Returns:
         ParsedAnswer with ``ok=False`` and an error message when no object is found.
@@ -108,7 +101,7 @@ def parse_answer(text: Any) -> ParsedAnswer:
         except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict):
-            return ParsedAnswer(True, {k: obj[k] for k in ANSWER_FIELDS if k in obj}, None)
+            return ParsedAnswer(True, {k: obj[k] for k in schema.names if k in obj}, None)
         start, tries = text.find("{", start + 1), tries + 1
     return ParsedAnswer(False, {}, "no JSON object found" if tries else "no '{' in output")
 
@@ -199,31 +192,27 @@ def score_item(
 
     Args:
         parsed: output of :func:`parse_answer`.
-        gold: the gold answer (``metric, value, unit, line, shift, date, evidence``; value
-            a number in the canonical unit).
+        gold: the gold answer (every answer field; the value a number in the canonical unit).
         context: the provided context as :func:`context_text` renders it ("" for no RAG).
-        p: scoring params.
+        p: scoring params; ``p.answer`` the declared answer: labels compare case-folded, the
+            value within the tolerances, the evidence verbatim in the context and carrying the value.
 
     Returns:
         ``parse_ok``, ``<field>_correct`` for every answer field, ``pass``, ``overall`` in
-        [0, 1], ``hallucination``, ``wrong_fact`` and ``pred_value`` (float or None).
+        [0, 1] (the declared weights), ``hallucination``, ``wrong_fact`` and ``pred_value``.
     """
-    f = parsed.fields if parsed.ok else {}
-    gold_value = float(gold["value"])
-    pred_value = to_number(f.get("value"))
-    correct = {
-        k: _label(f.get(k)) is not None and _label(f.get(k)) == _label(gold[k])
-        for k in ("metric", "unit", "line", "shift", "date")
-    }
-    correct["value"] = pred_value is not None and value_close(pred_value, gold_value, p)
-    correct["evidence"] = evidence_ok(
-        f.get("evidence"), gold_value, str(gold.get("evidence") or ""), context, p
-    )
-    weights = dataclasses.asdict(p.weights)
-    overall = sum(weights[k] * correct[k] for k in ANSWER_FIELDS) / sum(weights.values())
+    f, schema = (parsed.fields if parsed.ok else {}), p.answer
+    value, evidence = schema.value, schema.evidence
+    gold_value = float(gold[value])
+    pred_value = to_number(f.get(value))
+    correct = {k: _label(f.get(k)) is not None and _label(f.get(k)) == _label(gold[k]) for k in schema.labels}
+    correct[value] = pred_value is not None and value_close(pred_value, gold_value, p)
+    correct[evidence] = evidence_ok(f.get(evidence), gold_value, str(gold.get(evidence) or ""), context, p)
+    weights = schema.weights
+    overall = sum(weights[k] * correct[k] for k in schema.names) / sum(weights.values())
     in_context = pred_value is not None and any(value_close(pred_value, v, p) for v in numbers_in(context))
-    wrong_value = pred_value is not None and not correct["value"]
-    out: dict[str, Any] = {f"{k}_correct": bool(correct[k]) for k in ANSWER_FIELDS}
+    wrong_value = pred_value is not None and not correct[value]
+    out: dict[str, Any] = {f"{k}_correct": bool(correct[k]) for k in schema.names}
     out.update(
         parse_ok=parsed.ok,
         **{"pass": all(correct.values())},
@@ -240,4 +229,4 @@ def reward(completion_text: str, gold: Mapping[str, Any], context: str, p: Scori
 
     Used as the GRPO reward and by admit's reward-margin check.
     """
-    return score_item(parse_answer(completion_text), gold, context, p)["overall"]
+    return score_item(parse_answer(completion_text, p.answer), gold, context, p)["overall"]

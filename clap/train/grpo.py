@@ -25,8 +25,9 @@ import pandas as pd
 from clap import determinism, io
 from clap.errors import ClapError
 from clap.model import base as mdl
+from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies
-from clap.task.prompt import build_messages, format_answer, gold_answer
+from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, reward
 from clap.train.diagnosis import as_text_if_nonfinite
 from clap.train.grpo_diagnosis import GrpoDiagnosis
@@ -77,7 +78,7 @@ def reward_function(sp: ScoringParams) -> Callable[..., list[float]]:
     return answer_score
 
 
-def probe_rows(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict[str, Any]]:
+def probe_rows(items: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> list[dict[str, Any]]:
     """One GRPO dataset row per D_grpo item: the chat prompt (clap.task.prompt), gold answer and context."""
     bodies = kb_bodies(kb)
     rows = []
@@ -87,8 +88,8 @@ def probe_rows(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict[str, Any]]:
         )  # the reference is admit's: the answer its reward-margin check ranks first
         rows.append(
             {
-                "prompt": build_messages(row["question"], docs),
-                "gold": format_answer(gold_answer(row)),
+                "prompt": build_messages(row["question"], docs, schema),
+                "gold": format_answer(gold_of(row, schema), schema),
                 "context": context_text(docs),
             }
         )
@@ -233,7 +234,7 @@ def run_probe(
     items, kb = io.read_parquet(data_dir / "grpo.parquet"), io.read_parquet(data_dir / "kb.parquet")
     if items.empty:
         raise ClapError("admitted batch has no GRPO items", file=data_dir / "grpo.parquet", rule="empty_grpo")
-    run = _train(probe_rows(items, kb), base_dir, sft_dir, adapter_dir, p, sp, tp)
+    run = _train(probe_rows(items, kb, sp.answer), base_dir, sft_dir, adapter_dir, p, sp, tp)
     record = {
         **run.numbers,
         **static,

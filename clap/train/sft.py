@@ -26,8 +26,9 @@ import pandas as pd
 from clap import determinism, io
 from clap.errors import ClapError
 from clap.model import base as mdl
+from clap.task.answer import AnswerSchema
 from clap.task.context import item_docs, kb_bodies
-from clap.task.prompt import ANSWER_FIELDS, build_example
+from clap.task.prompt import build_example
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import (
     STATE_FILE,
@@ -98,11 +99,11 @@ class TrainerRun:
 
 
 # --- data -------------------------------------------------------------------------------
-def build_examples(items: pd.DataFrame, kb: pd.DataFrame) -> list[dict]:
+def build_examples(items: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> list[dict]:
     """Conversational prompt/completion examples for admitted items (context from the KB)."""
     bodies = kb_bodies(kb)
     return [
-        build_example(row["question"], item_docs(row, bodies), {k: row[k] for k in ANSWER_FIELDS})
+        build_example(row["question"], item_docs(row, bodies), {k: row[k] for k in schema.names}, schema)
         for row in items.to_dict("records")
     ]
 
@@ -338,6 +339,7 @@ def train_batch(
     tp: TrainParams,
     dp: DetectorParams,
     *,
+    answer: AnswerSchema,
     extra_callbacks: Sequence[Any] = (),
 ) -> TrainResult:
     """Train one admitted batch's LoRA adapter and write it to ``adapter_dir`` (rank 0).
@@ -347,6 +349,7 @@ def train_batch(
         base_dir: the exported base model folder.
         adapter_dir: destination of adapter_model.safetensors + adapter_config.json (+ tokenizer).
         tp: ``train`` params.  dp: ``detector`` params.
+        answer: the declared answer (params ``task``): the completions' shape.
         extra_callbacks: more TrainerCallbacks (tests use one to interrupt a run).
 
     Returns:
@@ -368,11 +371,11 @@ def train_batch(
             "admitted batch has no training items", file=data_dir / "sft.parquet", rule="empty_sft"
         )
     tok = mdl.load_tokenizer(base_dir, padding_side="right")
-    train_ex = build_examples(sft, kb)
+    train_ex = build_examples(sft, kb, answer)
     data = Encodings(
         train_ex,
         [mdl.encode_example(tok, e) for e in train_ex],
-        [mdl.encode_example(tok, e) for e in build_examples(probe, kb)],
+        [mdl.encode_example(tok, e) for e in build_examples(probe, kb, answer)],
     )
     stats = length_stats(data.train, tp.max_length)
     if stats["rows_truncated"] or stats["rows_dropped"]:

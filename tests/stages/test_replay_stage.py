@@ -10,10 +10,12 @@ import yaml
 from conftest import make_tiny_adapter, run_stage, stage_params_dir, write_tiny_admitted
 
 from clap import io
+from clap.task.answer import load_answer_schema
 from schemas.normalized import validate_frame
-from schemas.replay import ReplayCases, ReplayRequests
+from schemas.replay import ReplayRequests, replay_cases
 
 ROOT = Path(__file__).resolve().parents[2]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # a tiny model on a shared 2-core machine
 
@@ -38,7 +40,7 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "3 cases" in run.stdout
 
-    cases = validate_frame(ReplayCases, io.read_parquet(data / "cases.parquet"), "cases.parquet")
+    cases = validate_frame(replay_cases(ANSWER), io.read_parquet(data / "cases.parquet"), "cases.parquet")
     assert cases.groupby("condition").size().to_dict() == {"A": 3, "B": 3, "C": 3, "D": 3}
     assert len(io.read_parquet(data / "timings.parquet")) == 12
     m = io.read_json(metrics)

@@ -33,7 +33,7 @@ CURVE_HEADER = [
 
 
 def _params(tmp: Path, **train) -> None:
-    """A params.yaml in ``tmp`` with the real train/detector sections, shrunk for the tiny model."""
+    """A params.yaml in ``tmp`` with the real train/detector/determinism/task sections, shrunk for the tiny model."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["train"].update(
         max_steps=4,
@@ -46,7 +46,9 @@ def _params(tmp: Path, **train) -> None:
     )
     p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
     (tmp / "params.yaml").write_text(
-        yaml.safe_dump({"train": p["train"], "detector": p["detector"], "determinism": p["determinism"]})
+        yaml.safe_dump(
+            {k: p[k] for k in ("train", "detector", "determinism", "task")}, sort_keys=False
+        )  # the stage reads these sections only (task: the declared answer, the completions' shape)
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from clap import params
 from clap.data.admission import AdmitParams, SplitSizes, admit_batch, perturbed_answers, select, select_splits
 from clap.data.normalize import NormalizeParams, build_vocab, input_hash
 from clap.errors import ClapError
-from clap.task.prompt import format_answer, gold_answer
-from clap.task.scoring import ScoringParams, parse_answer, reward
+from clap.task.answer import AnswerSchema, gold_of, load_answer_schema, parse_answer_schema
+from clap.task.prompt import format_answer
+from clap.task.scoring import ScoringParams, parse_answer, reward, scoring_params
 
 ROOT = Path(__file__).resolve().parents[3]
 VOCAB = build_vocab(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
-SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+SP = scoring_params(ROOT / "params.yaml")
 PERTURBATIONS = [
     "wrong_value",
     "wrong_metric",
@@ -30,8 +33,8 @@ PERTURBATIONS = [
     "unparseable",
 ]
 P = AdmitParams(
-    seed=7, min_sizes=SplitSizes(sft=20, grpo=5, eval=10, probe=5, replay=5), max_metric_share=0.4, min_metrics=5,
-    min_line_coverage=1.0, min_shift_coverage=1.0, min_evidence_verifiable_rate=1.0, perturbations=PERTURBATIONS,
+    seed=7, min_sizes=SplitSizes(sft=20, grpo=5, eval=10, probe=5, replay=5), max_key_share={"metric": 0.4},
+    min_distinct={"metric": 5}, min_coverage={"line": 1.0, "shift": 1.0}, min_evidence_verifiable_rate=1.0,
     min_rank_pass_rate=1.0, min_reward_margin=0.15, min_reward_variance=0.0, min_label_shuffle_changed=0.5,
 )  # fmt: skip
 SIZES = SplitSizes(sft=30, grpo=8, eval=20, probe=10, replay=10)
@@ -85,8 +88,8 @@ def make_pools(n_train: int = 60, n_eval: int = 40, n_replay: int = 15) -> dict[
     return {**pools, "grpo": pools["sft"].copy(), "kb": pd.DataFrame(kb)}
 
 
-def admit(pools=None, sizes=SIZES, p=P, reward_fn=real_reward):
-    return admit_batch(pools or make_pools(), sizes, p, VOCAB, reward_fn, "test")
+def admit(pools=None, sizes=SIZES, p=P, reward_fn=real_reward, schema=ANSWER):
+    return admit_batch(pools or make_pools(), sizes, p, VOCAB, reward_fn, "test", schema)
 
 
 def failed(result) -> set[str]:
@@ -209,21 +212,35 @@ def test_unverifiable_evidence_blocks():
 # --------------------------------------------------------------------------- GRPO reward check
 
 
+def changed_fields(out: dict[str, str], gold: dict, schema: AnswerSchema) -> dict[str, set[str]]:
+    """Per perturbation, the answer fields whose parsed value differs from the reference's."""
+    ref = json.loads(format_answer(gold, schema))
+    return {
+        name: {k for k, v in parse_answer(text, schema).fields.items() if v != ref[k]}
+        for name, text in out.items()
+    }
+
+
 def test_perturbations_each_break_their_own_field():
     pools = make_pools()
     row = pools["grpo"].iloc[3].to_dict()
     bodies = dict(zip(pools["kb"]["doc_id"], pools["kb"]["body"]))
     domain = {"metric": sorted(SENTENCES), "line": ["L1", "L2", "L3", "L4"], "shift": ["A", "B", "C"]}
-    out = perturbed_answers(row, PERTURBATIONS, domain, bodies, VOCAB)
-    gold = gold_answer(row)
-    assert not parse_answer(out.pop("unparseable")).ok
-    for name, text in out.items():
-        changed = {k for k, v in parse_answer(text).fields.items() if v != json.loads(format_answer(gold))[k]}
+    out = perturbed_answers(row, ANSWER, domain, bodies, VOCAB)
+    assert list(out) == PERTURBATIONS
+    assert not parse_answer(out.pop("unparseable"), ANSWER).ok
+    for name, changed in changed_fields(out, gold_of(row, ANSWER), ANSWER).items():
         assert changed == {name.replace("wrong_", "").replace("other_doc_", "")}, name
 
 
+def test_declared_answer_gives_the_clap_perturbations(clean):
+    assert ANSWER.perturbations == tuple(PERTURBATIONS)
+    assert clean.record["selection"]["perturbations"] == PERTURBATIONS
+    assert {f"reward_mean_{n}" for n in PERTURBATIONS} <= set(clean.record["grpo"])
+
+
 def test_reward_blind_to_fields_fails_rank_pass():
-    res = admit(reward_fn=lambda text, gold, ctx: float(parse_answer(text).ok))
+    res = admit(reward_fn=lambda text, gold, ctx: float(parse_answer(text, ANSWER).ok))
     assert res.record["grpo"]["rank_pass_rate"] == 0.0
     assert {"rank_pass_rate", "reward_margin"} <= failed(res)
 
@@ -233,10 +250,101 @@ def test_constant_reward_has_no_variance():
     assert res.record["grpo"]["reward_variance_min"] == 0.0 and "reward_variance_min" in failed(res)
 
 
-def test_unknown_perturbation_is_a_params_error():
+@pytest.mark.parametrize("where", ["max_key_share", "min_distinct", "min_coverage"])
+def test_balance_on_a_field_that_is_no_key_is_a_params_error(where):
+    raw = {**params.raw_section("admit", ROOT / "params.yaml"), where: {"colour": 1.0}}
+    p = dataclasses.replace(params.build(AdmitParams, raw, where="admit"), min_sizes=P.min_sizes)
     with pytest.raises(ClapError) as e:
-        admit(p=dataclasses.replace(P, perturbations=["wrong_value", "wrong_colour"]))
-    assert e.value.rule == "bad_params" and "wrong_colour" in str(e.value)
+        admit(p=p)
+    assert e.value.rule == "bad_params" and e.value.column == f"admit.{where}"
+    assert "colour" in str(e.value) and f"admit.{where}" in str(e.value)
+
+
+# --------------------------------------------------------------------------- a second declared answer
+
+REPORT = parse_answer_schema(
+    {
+        "instruction": "Answer from the report only, as one JSON object with keys",
+        "answer": {
+            "row": {"role": "key", "type": "text", "weight": 1.0},
+            "period": {"role": "key", "type": "date", "weight": 1.0},
+            "evidence": {"role": "evidence", "weight": 2.0},
+            "value": {"role": "value", "type": "number", "weight": 2.0},
+            "scale": {"role": "unit", "type": "vocabulary", "weight": 1.0},
+        },
+        "slice_columns": [],
+    }
+)
+REPORT_SP = ScoringParams(0.001, 0.01, REPORT)
+
+
+def report_reward(text, gold, ctx):
+    return reward(text, gold, ctx, REPORT_SP)
+
+
+ROWS = {"cycle_time": "Revenue", "defect_rate": "Cost of sales", "downtime": "Gross profit",
+        "oee": "Operating income", "scrap_count": "Net income", "scrap_rate": "Total assets"}  # fmt: skip
+SCALES = {"%": "percent", "min": "thousand", "pcs": "million", "s": "thousand", "ppm": "million"}
+
+
+def report_pools() -> dict[str, pd.DataFrame]:
+    """make_pools with the report's answer: row/period/scale instead of metric/line/shift/date/unit."""
+    pools = make_pools()
+
+    def items(df: pd.DataFrame) -> pd.DataFrame:
+        out = df.assign(row=df["metric"].map(ROWS), period=df["date"], scale=df["unit"].map(SCALES))
+        return out.drop(columns=["metric", "line", "shift", "date", "unit"])
+
+    kb = pools["kb"].rename(columns={"date": "period"}).drop(columns=["line", "shift"])
+    return {**{k: items(v) for k, v in pools.items() if k != "kb"}, "kb": kb}
+
+
+REPORT_P = dataclasses.replace(
+    P, max_key_share={"row": 0.4}, min_distinct={"row": 5}, min_coverage={"row": 1.0}
+)
+
+
+def test_a_second_declared_answer_is_admitted_with_its_own_perturbations():
+    names = ["wrong_value", "wrong_row", "wrong_period", "other_doc_evidence", "unparseable"]
+    assert REPORT.perturbations == tuple(names)
+    pools = report_pools()
+    res = admit(pools, p=REPORT_P, reward_fn=report_reward, schema=REPORT)
+    rec = res.record
+    assert rec["verdict"] is True and rec["reasons"] == []
+    assert rec["selection"]["perturbations"] == names
+    assert rec["grpo"]["rank_pass_rate"] == 1.0 and 0.15 < rec["grpo"]["reward_margin"] < 1.0
+    assert {f"reward_mean_{n}" for n in names} <= set(rec["grpo"])
+    assert {"max_row_share", "distinct_rows", "row_coverage"} <= {c["name"] for c in rec["checks"]}
+    assert not {c["name"] for c in rec["checks"]} & {"max_metric_share", "distinct_metrics", "line_coverage"}
+    assert rec["canary"]["evidence_in_context_rate_real"] == 1.0  # the kb carries the period key
+
+    row = pools["grpo"].iloc[3].to_dict()
+    bodies = dict(zip(pools["kb"]["doc_id"], pools["kb"]["body"]))
+    batch_rows = sorted(set(ROWS.values()))
+    out = perturbed_answers(row, REPORT, {"row": batch_rows}, bodies, VOCAB)
+    assert list(out) == names
+    assert not parse_answer(out.pop("unparseable"), REPORT).ok
+    gold = gold_of(row, REPORT)
+    for name, changed in changed_fields(out, gold, REPORT).items():
+        assert changed == {name.replace("wrong_", "").replace("other_doc_", "")}, name
+    fields = {name: parse_answer(text, REPORT).fields for name, text in out.items()}
+    assert (
+        fields["wrong_period"]["period"]
+        == (dt.date.fromisoformat(gold["period"]) + dt.timedelta(days=1)).isoformat()
+    )
+    assert fields["wrong_row"]["row"] in batch_rows and fields["wrong_row"]["row"] != gold["row"]
+    assert fields["wrong_value"]["value"] != gold["value"]
+
+
+def test_a_second_declared_answer_checks_balance_on_its_own_keys():
+    pools = report_pools()
+    pools["sft"]["row"] = "Revenue"  # one row dominates D_sft, and held-out rows are not trained on
+    res = admit(pools, p=REPORT_P, reward_fn=report_reward, schema=REPORT)
+    assert res.record["verdict"] is False
+    assert {"max_row_share", "distinct_rows", "row_coverage"} <= failed(res)
+    with pytest.raises(ClapError) as e:
+        admit(pools, p=P, schema=REPORT)  # the demo's balance keys are no keys of the report's answer
+    assert e.value.rule == "bad_params" and e.value.column == "admit.max_key_share"
 
 
 # --------------------------------------------------------------------------- canary and the corrupted batch

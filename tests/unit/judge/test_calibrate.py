@@ -23,9 +23,11 @@ from conftest import write_tiny_admitted
 from clap import cli
 from clap.errors import ClapError
 from clap.judge import calibrate as cal
+from clap.task.answer import load_answer_schema
 from clap.train.detector import DetectorParams, replay
 
 ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 FAULTS = [
     "loss_on_prompt",
     "lr_zero",
@@ -73,22 +75,25 @@ def test_derange_rows_changes_exactly_the_chosen_fraction_and_is_seeded():
 def test_relabel_moves_every_answer_with_its_cited_doc_and_keeps_the_questions(tmp_path):
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=2, seed=0, n_combos=16)
     sft = pd.read_parquet(data / "sft.parquet")
-    copy, changed = cal.prepare_batch(data, tmp_path / "run", cal.Variant("relabel", 9), _cp())
+    copy, changed = cal.prepare_batch(data, tmp_path / "run", cal.Variant("relabel", 9), _cp(), ANSWER)
     out = pd.read_parquet(copy / "sft.parquet")
-    assert changed == 16 and out.equals(cal.corrupt_sft(sft, "relabel", 0.3, seed=9))
+    assert changed == 16 and out.equals(cal.corrupt_sft(sft, "relabel", 0.3, seed=9, answer=ANSWER))
     assert (
         pd.read_parquet(data / "sft.parquet").equals(sft)
         and (copy / "eval.parquet").read_bytes() == (data / "eval.parquet").read_bytes()
     )
-    assert cal.rows_changed(sft, out, cal.RELABEL_COLUMNS) == 16
+    answer_and_doc = ("metric", "line", "shift", "date", "evidence", "value", "unit", "evidence_doc_id")
+    assert cal.relabel_columns(ANSWER) == answer_and_doc  # the whole answer moves with its cited doc
+    assert cal.rows_changed(sft, out, cal.relabel_columns(ANSWER)) == 16
     assert out[["item_id", "question", "context_doc_ids"]].equals(
         sft[["item_id", "question", "context_doc_ids"]]
     )
     pairs = set(zip(sft["evidence"], sft["evidence_doc_id"]))
     assert set(zip(out["evidence"], out["evidence_doc_id"])) == pairs  # quote and cited doc stay together
-    dirty = cal.corrupt_sft(sft, "dirty_evidence", 0.5, seed=9)
-    assert cal.rows_changed(sft, dirty, cal.RELABEL_COLUMNS) == 8 and dirty["value"].equals(sft["value"])
-    assert cal.corrupt_sft(sft, "lr_zero", 0.5, seed=9) is sft
+    dirty = cal.corrupt_sft(sft, "dirty_evidence", 0.5, seed=9, answer=ANSWER)
+    assert cal.rows_changed(sft, dirty, cal.relabel_columns(ANSWER)) == 8
+    assert dirty["value"].equals(sft["value"])
+    assert cal.corrupt_sft(sft, "lr_zero", 0.5, seed=9, answer=ANSWER) is sft
 
 
 @pytest.mark.parametrize(
@@ -98,7 +103,9 @@ def test_relabel_moves_every_answer_with_its_cited_doc_and_keeps_the_questions(t
 def test_admission_recheck_refuses_dirty_quotes_but_not_a_consistent_relabel(tmp_path, fault, admitted):
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=2, seed=0, n_combos=16)
     _, loop = cal.load_params(_tiny_params(tmp_path / "params.yaml"))
-    copy, changed = cal.prepare_batch(data, tmp_path / "run", cal.Variant(fault, 9), _cp())
+    copy, changed = cal.prepare_batch(
+        data, tmp_path / "run", cal.Variant(fault, 9), _cp(), loop.scoring.answer
+    )
     verdict = cal.readmit(copy, loop)
     assert verdict["admitted"] is admitted
     assert verdict["evidence_verifiable_rate"] == (1.0 if admitted else (16 - changed) / 16) and (
@@ -152,7 +159,9 @@ def _tiny_params(path: Path) -> Path:
     p["eval"].update(batch_size=8)
     p["chain"].update(max_new_tokens=8)
     p["calibrate"].update(faults=FAULTS, fault_seeds=[5], clean_seeds=CLEAN_SEEDS, nan_at_step=2)
-    p["admit"].update(min_metrics=1, max_metric_share=1.0)  # the tiny batch has 2 metrics
+    # the tiny batch has 2 metrics
+    p["admit"]["min_distinct"] = {**p["admit"]["min_distinct"], "metric": 1}
+    p["admit"]["max_key_share"] = {**p["admit"]["max_key_share"], "metric": 1.0}
     path.write_text(yaml.safe_dump(p, sort_keys=False))
     return path
 

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_adapter, write_tiny_admitted
 
-from clap import io
+from clap import io, params
+from clap.chain.grounding import answer_space
+from clap.data.normalize import NormalizeParams
 from clap.errors import ClapError
 from clap.judge.evaluation import (
     EvalParams,
@@ -24,14 +26,17 @@ from clap.judge.evaluation import (
 from clap.judge.scored import check_pairing
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation
+from clap.task.answer import load_answer_schema
 from clap.task.prompt import format_answer
-from clap.task.scoring import FieldWeights, ScoringParams
-from schemas.eval import EvalItems, EvalTimings
+from clap.task.scoring import ScoringParams
+from schemas.eval import EvalTimings, eval_items
 
 from ..release.release_fixtures import sign_release
 
 REPO = Path(__file__).resolve().parents[3]
-SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
+ANSWER = load_answer_schema(REPO / "params.yaml")
+SP = ScoringParams(0.001, 0.01, ANSWER)
+SPACE = answer_space(params.section("normalize", NormalizeParams, REPO / "params.yaml"), ANSWER)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -109,9 +114,9 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         kb,
         EvalParams(batch_size=2, max_new_tokens=6, decoding="free", free_diagnostic_items=0),
         SP,
-        None,
+        SPACE,
     )
-    EvalItems.validate(scored, lazy=True)
+    eval_items(ANSWER).validate(scored, lazy=True)
     EvalTimings.validate(timings, lazy=True)
     assert len(scored) == 3 * len(items) and list(scored["model"].unique()) == [
         "base",
@@ -124,7 +129,7 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
     assert (
         not scored["parse_ok"].any() and (scored["overall"] == 0).all()
     )  # random models: counted wrong, not dropped
-    flat = flat_metrics(scored, timings, specs)
+    flat = flat_metrics(scored, timings, specs, ANSWER)
     assert flat["has_candidate"] == 1 and flat["has_incumbent"] == 1 and flat["incumbent_batch"] == "2025-12"
     assert flat["candidate_pass_rate"] == 0.0 and flat["base_parse_rate"] == 0.0
     assert (
@@ -141,12 +146,12 @@ def test_score_generations_keeps_unparseable_and_scores_right_answers(batch):
     items = io.read_parquet(batch["admitted"] / "eval.parquet").head(2)
     first = items.iloc[0]
     good = format_answer(
-        {k: first[k] for k in ("metric", "value", "unit", "line", "shift", "date", "evidence")}
+        {k: first[k] for k in ("metric", "value", "unit", "line", "shift", "date", "evidence")}, ANSWER
     )
     gens = [Generation(good, 20, 50, 5.0, 10.0, 2, 0), Generation("no idea", 3, 50, 5.0, 10.0, 2, 0)]
     contexts = [first["evidence"], ""]
     rows = score_generations("candidate", items, gens, contexts, SP)
-    EvalItems.validate(rows, lazy=True)
+    eval_items(ANSWER).validate(rows, lazy=True)
     assert rows["pass"].tolist() == [True, False] and rows["parse_ok"].tolist() == [True, False]
     assert rows.loc[0, "pred_value"] == pytest.approx(first["value"]) and pd.isna(rows.loc[1, "pred_value"])
 
@@ -171,13 +176,13 @@ def test_empty_eval_set_needs_no_model(tmp_path):
         pd.DataFrame(),
         EvalParams(2, 4, "free", 0),
         SP,
-        None,
+        SPACE,
     )
     assert scored.empty and timings.empty
-    assert flat_metrics(scored, timings, [ModelSpec("base", None, "", "")]) == {
+    assert flat_metrics(scored, timings, [ModelSpec("base", None, "", "")], ANSWER) == {
         "has_candidate": 0,
         "has_incumbent": 0,
         "n_items": 0,
         "incumbent_batch": "",
     }
-    assert json.dumps(flat_metrics(scored, timings, []))  # flat and serializable
+    assert json.dumps(flat_metrics(scored, timings, [], ANSWER))  # flat and serializable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,8 +26,13 @@ from clap.judge.gating import (
     render_report,
     run_gate,
 )
-from clap.judge.scored import SCORED_COLUMNS
+from clap.judge.scored import scored_columns
 from clap.judge.stats import rule_mde, rule_power, rule_required_pairs
+from clap.task.answer import load_answer_schema
+
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+SCORED_COLUMNS = scored_columns(ANSWER)
 
 HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
 P = GateParams(
@@ -121,7 +127,9 @@ def vectors(n: int, wins: int, losses: int, base_right: int) -> tuple[list[bool]
 
 def gate(passes, train=OK_TRAIN, admit=ADMITTED, p=P, replay=None, **kw):
     scored, meta = frames(passes, **kw)
-    return run_gate(scored, meta, train, admit, p, replay=_chain() if replay is None else replay)
+    return run_gate(
+        scored, meta, train, admit, p, replay=_chain() if replay is None else replay, slices=ANSWER.slices
+    )
 
 
 def test_clear_gain_with_low_risk_promotes():
@@ -147,7 +155,7 @@ def test_candidate_that_is_the_incumbent_is_compared_with_base_and_says_so():
     cand, base = vectors(60, wins=20, losses=1, base_right=10)
     scored, meta = frames({"base": base, "candidate": cand})
     meta["production"] = {"role": "incumbent", "batch": "2026-02", "adapter_sha256": SHA["candidate"]}
-    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
     assert r.numbers["baseline"] == "base" and "IS the production adapter" in r.numbers["baseline_reason"]
 
 
@@ -200,6 +208,11 @@ def test_regressions_are_counted_bounded_and_sliced():
     )
     assert ev["regressed"]["item_ids"] == [f"e{i:03d}" for i in range(12)]
     assert ev["regressed"]["by_slice"]["metric"] == {"oee": 6, "scrap_rate": 6}
+    assert (
+        list(ev["regressed"]["by_slice"])
+        == list(ANSWER.slices)
+        == ["metric", "line", "shift", "source_system", "question_type"]
+    )  # each vocabulary key field, then params task.slice_columns
     assert (
         len(ev["regressed"]["samples"]) == 3
         and ev["regressed"]["samples"][0]["output_baseline"] == "base answer 0"
@@ -285,7 +298,7 @@ def test_missing_or_unknown_inputs_are_loud():
         gate({"base": base, "candidate": cand}, train={"trained": 1, "health": "weird"})
     scored, meta = frames({"base": base, "candidate": cand})
     with pytest.raises(ClapError, match="pair"):
-        run_gate(scored.iloc[:-1], meta, OK_TRAIN, ADMITTED, P, replay=_chain())
+        run_gate(scored.iloc[:-1], meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
 
 
 def test_bound_check_edges():
@@ -391,7 +404,14 @@ def test_chain_checks_are_part_of_the_gate_and_reported_apart():
     cand, base = vectors(60, wins=20, losses=1, base_right=10)
     scored, meta = frames({"base": base, "candidate": cand})
     r = run_gate(
-        scored, meta, OK_TRAIN, ADMITTED, P, chain_checks(_chain(b_val=0.7), P.chain), replay=_chain()
+        scored,
+        meta,
+        OK_TRAIN,
+        ADMITTED,
+        P,
+        chain_checks(_chain(b_val=0.7), P.chain),
+        replay=_chain(),
+        slices=ANSWER.slices,
     )
     flat = flat_metrics(r)
     assert (flat["decision"], flat["rule"], flat["offline_decision"], flat["offline_rule"]) == (
@@ -430,7 +450,7 @@ def _planted(l7_regresses: bool):
     scored.loc[l7, "line"] = "L7"
     if l7_regresses:
         scored.loc[l7 & (scored["model"] == "candidate"), "pass"] = False
-    return run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
+    return run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
 
 
 def test_a_regressed_slice_holds_a_significant_overall_gain_and_is_named():
@@ -462,11 +482,14 @@ def test_slice_policy_caps_at_its_param_and_needs_the_holm_level():
     scored, meta = frames({"base": base, "candidate": cand})
     scored.loc[scored["position"] < 8, "line"] = "L7"
     scored.loc[(scored["position"] < 8) & (scored["model"] == "candidate"), "pass"] = False
-    assert run_gate(scored, meta, OK_TRAIN, ADMITTED, softer, replay=_chain()).decision == "canary"
+    assert (
+        run_gate(scored, meta, OK_TRAIN, ADMITTED, softer, replay=_chain(), slices=ANSWER.slices).decision
+        == "canary"
+    )
     few = scored["position"] < 4  # 4 losses of 4 items: p = 1/16 raw, not significant after Holm
     scored.loc[(scored["position"] < 8) & ~few, "line"] = "L1"
     scored.loc[(scored["position"] < 8) & ~few & (scored["model"] == "candidate"), "pass"] = True
-    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain())
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
     assert r.decision == "promote" and r.numbers["slices_regressed"] == 0
     with pytest.raises(ClapError, match="slices"):
         SlicePolicy(alpha=0.05, regression="maybe")
@@ -513,5 +536,5 @@ def test_latency_is_gated_per_request_from_the_replay_and_a_missing_figure_is_lo
         chain_checks(record, P.chain)
     # calibration runs no replay and says so: no latency bound, the rest of the gate unchanged
     scored, meta = frames({"base": base, "candidate": cand})
-    calib = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=None)
+    calib = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=None, slices=ANSWER.slices)
     assert calib.decision == "promote" and "request_p95_latency_ms" not in {c.name for c in calib.checks}

@@ -24,6 +24,7 @@ from clap.judge.grpo_gate import (
     static_runtime_row,
     summary_fields,
 )
+from clap.task.answer import load_answer_schema
 from clap.train.grpo_policy import static_verdict
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,6 +80,7 @@ def test_held_probe_caps_sft_only_when_the_switch_says_so():
         gate,
         checks,
         replay=None,  # no candidate here: no latency check either way
+        slices=load_answer_schema(ROOT / "params.yaml").slices,
     )
     assert flat_metrics(result)["check_grpo_probe"] == "hold"
 

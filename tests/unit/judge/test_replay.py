@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from conftest import make_tiny_adapter, write_tiny_admitted
 
+from clap import params
 from clap.chain.chain import ChainParams
+from clap.chain.grounding import answer_space
 from clap.chain.retrieval import RetrievalParams
+from clap.data.normalize import NormalizeParams
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams
 from clap.judge.replay import (
-    CASE_COLUMNS,
     LatencyParams,
+    case_columns,
     latency_sample,
     plot_rows,
     render_report,
@@ -20,11 +25,15 @@ from clap.judge.replay import (
     run_conditions,
     score_conditions,
 )
-from clap.task.scoring import FieldWeights, ScoringParams
+from clap.task.answer import load_answer_schema
+from clap.task.scoring import ScoringParams
 from schemas.normalized import validate_frame
-from schemas.replay import ReplayCases, ReplayPlot, ReplayRequests, ReplayTimings
+from schemas.replay import ReplayPlot, ReplayRequests, ReplayTimings, replay_cases
 
-SP = ScoringParams(0.001, 0.01, FieldWeights(1, 2, 1, 1, 1, 1, 2))
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+SP = ScoringParams(0.001, 0.01, ANSWER)
+SPACE = answer_space(params.section("normalize", NormalizeParams, ROOT / "params.yaml"), ANSWER)
 CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
@@ -48,16 +57,16 @@ def replayed(tiny_base, tmp_path_factory):
     items, kb = pd.read_parquet(admitted / "replay.parquet"), pd.read_parquet(admitted / "kb.parquet")
     out = []
     for a in (adapter, None):
-        answers, requests = run_conditions(items, kb, tiny_base, a, CP, RPARAMS, LP, None)
+        answers, requests = run_conditions(items, kb, tiny_base, a, CP, RPARAMS, LP, SPACE)
         out.append((*score_conditions(items, answers, SP), requests))
     return items, *out
 
 
 def test_four_conditions_scored_and_schema_valid(replayed):
     items, (cases, timings, _), _ = replayed
-    cases = validate_frame(ReplayCases, cases, "cases.parquet")
+    cases = validate_frame(replay_cases(ANSWER), cases, "cases.parquet")
     validate_frame(ReplayTimings, timings, "timings.parquet")
-    assert list(cases.columns) == CASE_COLUMNS
+    assert list(cases.columns) == case_columns(ANSWER)
     assert cases.groupby("condition").size().to_dict() == {c: len(items) for c in "ABCD"}
     no_rag = cases[~cases["rag"]]
     assert (
@@ -160,7 +169,7 @@ def test_report_shows_per_request_latency_and_the_batched_diagnostics(replayed):
 
 def test_empty_replay_runs_nothing():
     empty = pd.DataFrame(columns=["item_id", "question"])
-    answers, requests = run_conditions(empty, pd.DataFrame(), "unused", None, CP, RPARAMS, LP, None)
+    answers, requests = run_conditions(empty, pd.DataFrame(), "unused", None, CP, RPARAMS, LP, SPACE)
     assert answers == {} and requests.empty
     cases, timings = score_conditions(empty, {}, SP)
     m = replay_metrics(cases, timings, requests, 0, has_adapter=True)

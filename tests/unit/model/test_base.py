@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from clap.errors import ClapError
 from clap.model import base as mdl
+from clap.task.answer import load_answer_schema
 from clap.task.prompt import build_example
 
+ROOT = Path(__file__).resolve().parents[3]
+SCHEMA = load_answer_schema(ROOT / "params.yaml")
 ANSWER = {
     "metric": "oee",
     "value": 81.5,
@@ -28,6 +32,7 @@ def _example(i: int) -> dict:
         f"What was the OEE on L2, shift B, ticket {i}?",
         docs,
         {**ANSWER, "value": 80.5 + i, "evidence": f"OEE was {80 + i}.5 %"},
+        SCHEMA,
     )
 
 

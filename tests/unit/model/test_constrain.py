@@ -4,17 +4,22 @@ forced-token chunks change no token, and free decoding is untouched."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from clap.model.base import load_model, load_tokenizer
 from clap.model.constrain import Constraint, Grammars, RowMatcher
 from clap.model.generate import generate_batched, stop_ids
-from clap.task.prompt import ANSWER_FIELDS, answer_json_schema, build_messages
+from clap.task.answer import load_answer_schema
+from clap.task.prompt import answer_json_schema, build_messages
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-VOCAB = {"metric": ["oee", "scrap_count"], "line": ["L1", "L2"], "shift": ["A", "B"]}
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+FIELDS = ANSWER.names
+VOCAB = {"metric": ["oee", "scrap_count"], "line": ["L1", "L2"], "shift": ["A", "B"], "unit": ["%", "pcs"]}
 UNITS = {"oee": "%", "scrap_count": "pcs"}
 DOCS = [
     [("KB-1", "Line L1 on 2026-01-05, shift A. OEE was 81.5 %. Nothing else happened.")],
@@ -36,12 +41,12 @@ def tiny(tiny_base):
 
 def _constraint(model, tok):
     grammars = Grammars(tok, model.config.vocab_size, stop_ids(model, tok))
-    schemas = [answer_json_schema(VOCAB, q, UNITS, d) for q, d in zip(QUOTES, DATES)]
+    schemas = [answer_json_schema(ANSWER, VOCAB, q, UNITS, d) for q, d in zip(QUOTES, DATES)]
     return Constraint(grammars, [grammars.compile(s) for s in schemas]), schemas
 
 
 def _chats():
-    return [build_messages(f"question {i}?", d) for i, d in enumerate(DOCS)]
+    return [build_messages(f"question {i}?", d, ANSWER) for i, d in enumerate(DOCS)]
 
 
 def test_every_constrained_answer_is_a_valid_object_of_its_own_schema(tiny):
@@ -50,14 +55,14 @@ def test_every_constrained_answer_is_a_valid_object_of_its_own_schema(tiny):
     gens = generate_batched(model, tok, _chats(), batch_size=3, max_new_tokens=400, constraint=constraint)
     for g, quotes, dates in zip(gens, QUOTES, DATES):
         answer = json.loads(g.text)  # a random model: only the grammar makes this parse
-        assert list(answer) == list(ANSWER_FIELDS)
+        assert list(answer) == list(FIELDS)
         assert answer["metric"] in VOCAB["metric"] and answer["unit"] == UNITS[answer["metric"]]
         assert answer["line"] in VOCAB["line"] and answer["shift"] in VOCAB["shift"]
         assert answer["evidence"] in quotes
         assert isinstance(answer["value"], (int, float))
         if dates:
             assert answer["date"] in dates
-        keys = ", ".join(f'"{k}": ' for k in ANSWER_FIELDS)
+        keys = ", ".join(f'"{k}": ' for k in FIELDS)
         assert keys == ", ".join(f'"{k}": ' for k in answer)
         assert g.text.startswith('{"metric": "') and '", "line": "' in g.text  # format_answer's layout
         assert " \n" not in g.text and "  " not in g.text.replace(answer["evidence"], "")
@@ -91,7 +96,7 @@ def test_forced_chunks_save_forward_passes_and_stay_valid(tiny, monkeypatch):
     monkeypatch.setattr(RowMatcher, "forced", lambda self, limit: [])  # one decoding step per token
     stepwise = generate_batched(model, tok, _chats(), batch_size=2, max_new_tokens=400, constraint=constraint)
     for g in stepwise + chunked:
-        assert list(json.loads(g.text)) == list(ANSWER_FIELDS)
+        assert list(json.loads(g.text)) == list(FIELDS)
     assert calls["n"] > 1.5 * with_jump  # most of the JSON skeleton is forced
 
 
@@ -115,5 +120,5 @@ def test_grammar_count_must_match_chats(tiny):
 def test_schemas_compile_once(tiny):
     model, tok = tiny
     grammars = Grammars(tok, model.config.vocab_size, stop_ids(model, tok))
-    s = answer_json_schema(VOCAB, QUOTES[0], UNITS, DATES[0])
+    s = answer_json_schema(ANSWER, VOCAB, QUOTES[0], UNITS, DATES[0])
     assert grammars.compile(s) is grammars.compile(json.loads(json.dumps(s)))

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from clap.model.generate import encode_chats, generate_batched, stop_ids
+from clap.task.answer import load_answer_schema
 from clap.task.prompt import build_messages
+
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 
 QUESTIONS = [
     "What was the OEE on line L1, shift A, 2026-03-02?",
@@ -57,7 +63,7 @@ def _reference(model, tok, chats, max_new_tokens):
 
 def test_batched_equals_per_item_and_keeps_input_order(model_and_tok):
     model, tok = model_and_tok
-    chats = [build_messages(q, DOCS[: i % 3]) for i, q in enumerate(QUESTIONS)]
+    chats = [build_messages(q, DOCS[: i % 3], ANSWER) for i, q in enumerate(QUESTIONS)]
     batched = generate_batched(model, tok, chats, batch_size=3, max_new_tokens=12)
     reference = _reference(model, tok, chats, 12)
     assert len(batched) == len(chats)
@@ -71,7 +77,7 @@ def test_batched_equals_per_item_and_keeps_input_order(model_and_tok):
 
 def test_latency_is_apportioned_within_each_batch(model_and_tok):
     model, tok = model_and_tok
-    chats = [build_messages(q, None) for q in QUESTIONS]
+    chats = [build_messages(q, None, ANSWER) for q in QUESTIONS]
     gens = generate_batched(model, tok, chats, batch_size=2, max_new_tokens=4)
     by_batch: dict[float, list] = {}
     for g in gens:
@@ -89,7 +95,7 @@ def test_missing_pad_token_is_refused(model_and_tok):
         pad_token_id = None
 
     with pytest.raises(ValueError):
-        generate_batched(model, NoPad(), [build_messages("q", None)], batch_size=1, max_new_tokens=2)
+        generate_batched(model, NoPad(), [build_messages("q", None, ANSWER)], batch_size=1, max_new_tokens=2)
 
 
 def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
@@ -97,7 +103,7 @@ def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
     import clap.model.generate as gen_mod
 
     model, tok = model_and_tok
-    chats = [build_messages(q, DOCS[: i % 3]) for i, q in enumerate(QUESTIONS)]
+    chats = [build_messages(q, DOCS[: i % 3], ANSWER) for i, q in enumerate(QUESTIONS)]
     free = _reference(model, tok, chats, 12)
     # a token some answers emit (and others never): it ends those answers early
     stops = [next(t for row in free for t in row if 0 < sum(t in r for r in free) < len(free))]

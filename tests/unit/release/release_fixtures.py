@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from clap import io
+from clap.params import raw_section
 from clap.release.control import keygen
 
 BATCHES = ("2026-01", "2026-02")
@@ -61,12 +62,17 @@ elif stage == "gate":
     write(f"reports/gate/{b}/report.md", f"# gate {b}: {decision}\n")
 """
 
+TASK_PARAMS = raw_section(
+    "task", Path(__file__).resolve().parents[3] / "params.yaml"
+)  # the model card names its fields
 RELEASE_PARAMS = {
     "audience": "clap-release",
     "approval_ttl_s": 600,
     "max_approval_ttl_s": 3600,
     "card": {
         "license": "apache-2.0",
+        "task": "question answering (JSON)",
+        "summary": "answers questions",
         "tags": ["clap", "lora"],
         "packages": ["pandas", "pyarrow", "dvc", "pyjwt"],
     },
@@ -159,7 +165,10 @@ def build_template(base: Path) -> Path:
     (repo / "stage.py").write_text(STAGE_SCRIPT)
     (repo / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(sys.executable), sort_keys=False))
     (repo / "params.yaml").write_text(
-        yaml.safe_dump({"train": {"seed": 42, "lr": 1e-4}, "release": RELEASE_PARAMS}, sort_keys=False)
+        yaml.safe_dump(
+            {"train": {"seed": 42, "lr": 1e-4}, "release": RELEASE_PARAMS, "task": TASK_PARAMS},
+            sort_keys=False,
+        )
     )
     frame = pd.DataFrame({"item_id": ["a", "b"], "question": ["q1", "q2"], "value": [1.5, 2.0]})
     io.write_parquet(repo / "src" / "sft.parquet", frame)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from clap import io
 from clap.errors import ClapError
+from clap.params import raw_section
 from clap.release.approval import Binding
 from clap.release.handoff import (
     CardParams,
@@ -24,7 +26,13 @@ from clap.release.handoff import (
 )
 
 B = "2026-01"
-CARD_P = CardParams(license="apache-2.0", tags=["clap", "lora"], packages=["pandas", "pyyaml"])
+CARD_P = CardParams(
+    license="apache-2.0",
+    task="question answering (JSON)",
+    summary="answers questions",
+    tags=["clap", "lora"],
+    packages=["pandas", "pyyaml"],
+)
 COST_P = CostParams(
     over_budget="refuse",
     budget_cpu_hours=1.0,
@@ -51,6 +59,10 @@ LOCK = {
 
 @pytest.fixture
 def root(tmp_path):
+    task = raw_section(
+        "task", Path(__file__).resolve().parents[3] / "params.yaml"
+    )  # the card names its fields
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"task": task}))
     io.write_metrics_and_record(
         tmp_path / "metrics" / "base.json",
         None,

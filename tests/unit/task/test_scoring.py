@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from conftest import REPORT_ANSWER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clap.errors import ClapError
-from clap.task.prompt import ANSWER_FIELDS, format_answer
+from clap.task.answer import load_answer_schema, parse_answer_schema
+from clap.task.prompt import format_answer
 from clap.task.scoring import (
-    FieldWeights,
     ParsedAnswer,
     ScoringParams,
     context_text,
@@ -17,9 +20,13 @@ from clap.task.scoring import (
     parse_answer,
     reward,
     score_item,
+    scoring_params,
 )
 
-P = ScoringParams(value_rel_tol=0.001, value_abs_tol=0.01, weights=FieldWeights(1, 2, 1, 1, 1, 1, 2))
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+FIELDS = ANSWER.names
+P = ScoringParams(value_rel_tol=0.001, value_abs_tol=0.01, answer=ANSWER)
 GOLD = {
     "metric": "scrap_rate",
     "value": 1.5,
@@ -33,14 +40,14 @@ CTX = context_text([("MES-0042", "Shift report L3/B 14.03.2026: Scrap rate 1,5 %
 
 
 def score(answer: dict | str, gold=GOLD, ctx=CTX) -> dict:
-    text = answer if isinstance(answer, str) else format_answer(answer)
-    return score_item(parse_answer(text), gold, ctx, P)
+    text = answer if isinstance(answer, str) else format_answer(answer, ANSWER)
+    return score_item(parse_answer(text, ANSWER), gold, ctx, P)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_parse_answer_never_raises_on_arbitrary_text(text):
-    parsed = parse_answer(text)
+    parsed = parse_answer(text, ANSWER)
     assert isinstance(parsed, ParsedAnswer)
     assert parsed.ok == (parsed.error is None)
 
@@ -48,8 +55,8 @@ def test_parse_answer_never_raises_on_arbitrary_text(text):
 @settings(max_examples=100, deadline=None)
 @given(st.binary())
 def test_parse_answer_never_raises_on_non_text(blob):
-    assert parse_answer(blob).ok is False
-    assert parse_answer(None).ok is False
+    assert parse_answer(blob, ANSWER).ok is False
+    assert parse_answer(None, ANSWER).ok is False
 
 
 answers = st.fixed_dictionaries(
@@ -68,18 +75,20 @@ answers = st.fixed_dictionaries(
 @settings(max_examples=200, deadline=None)
 @given(answers, st.text(max_size=30), st.text(max_size=30))
 def test_format_answer_round_trips_through_junk(answer, before, after):
-    text = format_answer(answer)
-    parsed = parse_answer(before.replace("{", "(") + "```json\n" + text + "\n```" + after)
+    text = format_answer(answer, ANSWER)
+    parsed = parse_answer(before.replace("{", "(") + "```json\n" + text + "\n```" + after, ANSWER)
     assert parsed.ok
     assert parsed.fields["value"] == pytest.approx(answer["value"], rel=1e-6, abs=1e-6)
-    assert {k: parsed.fields[k] for k in ANSWER_FIELDS if k != "value"} == {
-        k: answer[k] for k in ANSWER_FIELDS if k != "value"
+    assert {k: parsed.fields[k] for k in FIELDS if k != "value"} == {
+        k: answer[k] for k in FIELDS if k != "value"
     }
 
 
 def test_first_object_wins_and_broken_prefix_is_skipped():
-    parsed = parse_answer('note {not json} then {"metric": "oee", "value": 1} and {"metric": "x"}')
-    assert parsed.ok and parsed.fields == {"metric": "oee", "value": 1}
+    parsed = parse_answer(
+        'note {not json} then {"metric": "oee", "colour": 2, "value": 1} and {"metric": "x"}', ANSWER
+    )
+    assert parsed.ok and parsed.fields == {"metric": "oee", "value": 1}  # only answer fields are kept
 
 
 def test_perfect_answer_passes():
@@ -90,7 +99,7 @@ def test_perfect_answer_passes():
 def test_unparseable_is_wrong_on_every_field_and_recorded():
     s = score("I think the scrap rate was 1.5%")
     assert s["parse_ok"] is False and s["overall"] == 0.0 and not s["pass"]
-    assert not any(s[f"{k}_correct"] for k in ANSWER_FIELDS)
+    assert not any(s[f"{k}_correct"] for k in FIELDS)
     assert reward("garbage", GOLD, CTX, P) == 0.0
 
 
@@ -134,7 +143,10 @@ def test_evidence_must_be_verbatim_and_carry_the_value():
 def test_overall_is_the_weighted_field_score():
     s = score({**GOLD, "shift": "C", "evidence": "nope"})
     assert s["overall"] == pytest.approx((9 - 1 - 2) / 9)
-    assert reward(format_answer({**GOLD, "shift": "C", "evidence": "nope"}), GOLD, CTX, P) == s["overall"]
+    assert (
+        reward(format_answer({**GOLD, "shift": "C", "evidence": "nope"}, ANSWER), GOLD, CTX, P)
+        == s["overall"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -153,6 +165,53 @@ def test_numbers_in_handles_decimal_commas(text, expected):
     assert numbers_in(text) == pytest.approx(expected)
 
 
-def test_bad_weights_are_refused():
+def test_bad_tolerances_are_refused():
+    with pytest.raises(ClapError) as e:
+        ScoringParams(-0.1, 0.0, ANSWER)
+    assert (e.value.rule, e.value.column) == ("bad_params", "scoring")
     with pytest.raises(ClapError):
-        ScoringParams(0.0, 0.0, FieldWeights(0, 0, 0, 0, 0, 0, 0))
+        ScoringParams(0.0, -0.01, ANSWER)
+    # zero or negative weights are refused where they are declared: tests/unit/task/test_answer.py
+
+
+def test_scoring_params_read_the_tolerances_and_the_declared_answer(tmp_path):
+    sp = scoring_params(ROOT / "params.yaml")
+    assert sp.answer == ANSWER and min(sp.value_rel_tol, sp.value_abs_tol) >= 0
+    text = (ROOT / "params.yaml").read_text(encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(
+        text.replace("scoring:\n", "scoring:\n  weights: {value: 2}\n", 1), encoding="utf-8"
+    )
+    with pytest.raises(ClapError) as e:  # the weights live in task.answer, not in scoring
+        scoring_params(tmp_path / "params.yaml")
+    assert (e.value.rule, e.value.column) == ("bad_params", "scoring")
+
+
+OTHER = parse_answer_schema({**REPORT_ANSWER, "slice_columns": []})  # keys row/period, a scale unit
+
+
+def test_another_declaration_is_parsed_and_scored_by_its_own_fields_and_weights():
+    p = ScoringParams(0.001, 0.01, OTHER)
+    gold = {
+        "row": "Net sales",
+        "period": "2026-01-31",
+        "evidence": "Net sales 12,5",
+        "value": 12.5,
+        "scale": "M",
+    }
+    ctx = context_text([("FIN-1", "January close: Net sales 12,5 M EUR; costs 9,1 M EUR")])
+    text = format_answer({**gold, "metric": "oee"}, OTHER)
+    assert text.startswith('{"row": "Net sales", "period": ') and "metric" not in text
+    parsed = parse_answer(text, OTHER)
+    assert parsed.fields == {**gold}
+    s = score_item(parsed, gold, ctx, p)
+    assert s["pass"] and s["overall"] == 1.0
+    assert {k for k in s if k.endswith("_correct")} == {f"{k}_correct" for k in OTHER.names}
+    wrong = score_item(
+        parse_answer(format_answer({**gold, "period": "2026-02-28", "value": 9.1}, OTHER), OTHER),
+        gold,
+        ctx,
+        p,
+    )
+    assert not wrong["period_correct"] and not wrong["value_correct"] and wrong["wrong_fact"]
+    assert wrong["overall"] == pytest.approx((7 - 1 - 3) / 7)
+    assert reward("nothing", gold, ctx, p) == 0.0

@@ -12,14 +12,14 @@ from conftest import write_tiny_admitted
 
 from clap import io, params
 from clap.errors import ClapError
-from clap.task.scoring import ScoringParams, reward
+from clap.task.scoring import reward, scoring_params
 from clap.train.diagnosis import curves_csv
 from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 from clap.train.sft import TrainParams
 
 ROOT = Path(__file__).resolve().parents[3]
-SP = params.section("scoring", ScoringParams, ROOT / "params.yaml")
+SP = scoring_params(ROOT / "params.yaml")
 TP = dataclasses.replace(params.section("train", TrainParams, ROOT / "params.yaml"), torch_threads=1)
 
 
@@ -50,7 +50,7 @@ def batch(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_reward_is_the_eval_score(batch):
     data, _ = batch
-    rows = probe_rows(io.read_parquet(data / "grpo.parquet"), io.read_parquet(data / "kb.parquet"))
+    rows = probe_rows(io.read_parquet(data / "grpo.parquet"), io.read_parquet(data / "kb.parquet"), SP.answer)
     r = rows[0]
     assert r["prompt"][0]["role"] == "system" and r["context"] in r["prompt"][1]["content"]
     gold = json.loads(r["gold"])

@@ -14,9 +14,12 @@ from transformers import TrainerCallback
 from clap import io
 from clap.errors import ClapError
 from clap.model import base as mdl
+from clap.task.answer import load_answer_schema
 from clap.train import sft as tr
 from clap.train.detector import DetectorParams
 
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -75,7 +78,7 @@ def batch(tmp_path_factory) -> Path:
 def reference(tiny_base, batch, tmp_path_factory):
     """One uninterrupted 4-step run (packing, checkpoints every 2 steps): the record to compare against."""
     root = tmp_path_factory.mktemp("ref")
-    result = tr.train_batch(batch, tiny_base, root / "adapters" / "b", _tp(root), _dp())
+    result = tr.train_batch(batch, tiny_base, root / "adapters" / "b", _tp(root), _dp(), answer=ANSWER)
     return root, result
 
 
@@ -102,7 +105,12 @@ def test_completion_only_masking_masks_exactly_the_prompt(reference):
 
 def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
     rec = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, max_steps=1, loss_on_prompt=True), _dp(enabled=False)
+        batch,
+        tiny_base,
+        tmp_path / "a",
+        _tp(tmp_path, max_steps=1, loss_on_prompt=True),
+        _dp(enabled=False),
+        answer=ANSWER,
     ).record
     assert (
         rec["masked_tokens_fraction"] == 0.0
@@ -113,7 +121,9 @@ def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
 
 
 def test_two_runs_give_the_identical_adapter(reference, tiny_base, batch, tmp_path):
-    again = tr.train_batch(batch, tiny_base, tmp_path / "adapters" / "b", _tp(tmp_path), _dp()).record
+    again = tr.train_batch(
+        batch, tiny_base, tmp_path / "adapters" / "b", _tp(tmp_path), _dp(), answer=ANSWER
+    ).record
     assert again["adapter_sha256"] == reference[1].record["adapter_sha256"]
 
 
@@ -132,9 +142,9 @@ def test_resume_after_interruption_matches_uninterrupted_run(reference, tiny_bas
     ref_root, ref = reference
     out = tmp_path / "adapters" / "b"
     with pytest.raises(KeyboardInterrupt):
-        tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), extra_callbacks=[_Kill(2)])
+        tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER, extra_callbacks=[_Kill(2)])
     assert not out.exists()  # nothing half-written at the final path
-    resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp())
+    resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER)
     assert resumed.record["resumed_from"] == "checkpoint-2" and resumed.record["steps"] == 4
     a, b = (
         load_file(out / "adapter_model.safetensors"),
@@ -169,17 +179,19 @@ def test_fingerprint_follows_the_encoded_examples_not_only_the_files(tiny_base, 
 
 
 def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
-    rec = tr.train_batch(batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()).record
+    rec = tr.train_batch(
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
+    ).record
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
 
 
 def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
     # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
     first = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
     ).record
     again = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp()
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
     ).record
     assert again["resumed_from"] == "checkpoint-2"
     for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
@@ -189,7 +201,7 @@ def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
 
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
     data = write_tiny_admitted(tmp_path / "refused", n_sft=4, n_probe=2, seed=0, admitted=False)
-    res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp())
+    res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp(), answer=ANSWER)
     assert (
         res.record["trained"] == 0
         and res.record["health"] == "skipped"
@@ -246,12 +258,12 @@ def _teach(base: Path, out: Path, data: Path, *, max_steps: int, seed: int) -> f
     tok = mdl.load_tokenizer(base, padding_side="right")
     kb = io.read_parquet(data / "kb.parquet")
     sft = io.read_parquet(data / "sft.parquet")
-    clean = [mdl.encode_example(tok, e) for e in tr.build_examples(sft, kb)]
+    clean = [mdl.encode_example(tok, e) for e in tr.build_examples(sft, kb, ANSWER)]
     wrong = sft.copy()
     wrong[["metric", "value", "unit", "line", "shift", "evidence"]] = (
         wrong[["metric", "value", "unit", "line", "shift", "evidence"]].shift(1).bfill()
     )
-    permuted = [mdl.encode_example(tok, e) for e in tr.build_examples(wrong, kb)]
+    permuted = [mdl.encode_example(tok, e) for e in tr.build_examples(wrong, kb, ANSWER)]
     model = mdl.load_model(base).train()
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     contrast = 0.0
@@ -306,7 +318,7 @@ def taught_base(tiny_base, tmp_path_factory) -> Path:
 def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
     data = write_tiny_admitted(tmp_path / "b", n_sft=96, n_probe=24, seed=1, relabel=relabel, n_combos=4)
     tp = _tp(tmp_path, max_steps=24, batch_size=4, packing=False, lr=2e-2, save_steps=1000)
-    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp()).record
+    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp(), answer=ANSWER).record
     if relabel:
         assert rec["health"] == "alarm" and 0 < rec["detector_alarm_step"] == rec["steps"] < 24
         assert rec["alarm_fraction"] == rec["detector_alarm_step"] / 24
