@@ -1,4 +1,6 @@
-"""End to end: benchmarks/closed_loop.py on the tiny config, three batches in time order.
+"""End to end: benchmarks/closed_loop.py on the tiny config, two batches in time order (the
+committed report runs three; two keep the suite's slowest test at ~2/3 of its three-batch time and
+still gate the second batch against the first's released adapter and roll it back).
 
 The tiny random model never passes an item (b = c = 0, McNemar p = 1), and no gate policy in
 params can promote that (p < alpha needs alpha > 1, which the statistics refuse), so the run
@@ -23,12 +25,12 @@ from conftest import e2e_env, git, make_e2e_repo, repo_params, tiny_params
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-BATCHES = ("2026-01", "2026-02", "2026-04")  # three clean months (2026-03 is the corrupted one)
+BATCHES = ("2026-01", "2026-02")  # two clean months (2026-03 is the corrupted one)
 
 
 @pytest.fixture(scope="module")
 def loop_project(tmp_path_factory, tiny_base) -> Path:
-    """A committed git repository with the project's files, three raw batches and the tiny params."""
+    """A committed git repository with the project's files, two raw batches and the tiny params."""
     p = tiny_params(repo_params(), tiny_base)
     p["grpo"]["enabled"] = False  # the probe is not part of the loop; keep the run short
     p["sizes"].update(eval=4, replay=2)  # the admission floors of tiny_params
@@ -60,18 +62,18 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     # against it: the incumbent, not the base model
     assert all(r["released"] for r in rows), [r["release_outcome"] for r in rows]
     assert rows[0]["baseline_batch"] == "base"
-    assert [r["baseline"] for r in rows[1:]] == ["incumbent", "incumbent"]
-    assert [r["baseline_batch"] for r in rows[1:]] == list(BATCHES[:2])
+    assert [r["baseline"] for r in rows[1:]] == ["incumbent"]
+    assert [r["baseline_batch"] for r in rows[1:]] == list(BATCHES[:1])
     shas = [r["released_sha256"] for r in rows]
-    assert len(set(shas)) == 3  # three different adapters: restoring the previous one is not trivial
-    assert [r["incumbent_sha256"] for r in rows] == [None, *shas[:2]]  # eval loaded the released bytes
+    assert len(set(shas)) == 2  # two different adapters: restoring the previous one is not trivial
+    assert [r["incumbent_sha256"] for r in rows] == [None, shas[0]]  # eval loaded the released bytes
 
     rb = result["rollback"]
     assert rb["exercised"] and rb["equal"]
-    assert (rb["from_batch"], rb["to_batch"]) == BATCHES[2:0:-1]
-    assert rb["from_sha256"] == shas[2] and rb["restored_sha256"] == rb["pointer_sha256"] == shas[1]
+    assert (rb["from_batch"], rb["to_batch"]) == (BATCHES[1], BATCHES[0])
+    assert rb["from_sha256"] == shas[1] and rb["restored_sha256"] == rb["pointer_sha256"] == shas[0]
     assert "restored by checkout" in rb["output"]  # the folder was deleted: the bytes came from the cache
-    assert result["registry_check"][-1].startswith(f"production: batch {BATCHES[1]}")
+    assert result["registry_check"][-1].startswith(f"production: batch {BATCHES[0]}")
 
     commands = [c["command"] for c in result["commands"]]
     assert [c for c in commands if c.startswith("dvc repro")] == [f"dvc repro gate@{b}" for b in BATCHES]
