@@ -266,7 +266,7 @@ def _bad_encoding(bad: dict[int, str], first: int, last: int) -> RowProblem | No
 def _csv_rows(src: Source, text: str, bad: dict[int, str], file: str) -> list[Row]:
     """The data records of a CSV file (after checking its header against the declaration)."""
     records = split_csv(text, src.delimiter, frozenset())
-    header = _csv_header(src, records, text, file)
+    header = _csv_header(src, records, file)
     multiline = frozenset(header.index(c) for c in src.multiline if c in header)
     if multiline:  # re-split now that the multi-line columns' positions are known
         records = split_csv(text, src.delimiter, multiline)
@@ -321,7 +321,7 @@ def _check_columns(src: Source, header: list[str], file: str, line: int, looks: 
         raise ClapError(what, file=file, row=line, column=column, rule=rule)
 
 
-def _csv_header(src: Source, records: list[CsvRecord], text: str, file: str) -> list[str]:
+def _csv_header(src: Source, records: list[CsvRecord], file: str) -> list[str]:
     if not records:
         raise ClapError("file has no header and no rows", file=file, rule="empty_file")
     head = records[0]
@@ -363,6 +363,7 @@ def _jsonl_rows(src: Source, text: str, bad: dict[int, str], file: str, max_dept
         try:
             obj = loads_bounded(raw, max_depth)
         except TooDeep as e:
+            # the reject keeps the line's first 2000 characters: a hostile line may be megabytes of '['
             out.append(Row(k, raw[:2000], RowProblem("bad_json", ROW, f"invalid JSON: {e}")))
             continue
         except json.JSONDecodeError as e:
@@ -506,7 +507,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _field(src: Source, column: str, spec: FieldSpec, node: Node) -> Any:
+def _field(src: Source, spec: FieldSpec, node: Node) -> Any:
     """The value of one asset column for ``node`` (a :class:`RowProblem` when the row is bad)."""
     if spec.kind == "const":
         return spec.const
@@ -568,7 +569,7 @@ def _raw_id(src: Source, row: Row) -> str | None:
 
 def map_row(src: Source, node: Node) -> dict[str, Any]:
     """The asset row of one element; the first problem raises :class:`RowProblem`."""
-    row = {c: _field(src, c, spec, node) for c, spec in src.fields.items()}
+    row = {c: _field(src, spec, node) for c, spec in src.fields.items()}
     if src.target == "records":
         row["source_system"] = src.name
     if src.target == "questions" and row["split"] not in SPLITS:
