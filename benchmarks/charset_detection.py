@@ -15,8 +15,7 @@ the only place that imports it.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +26,11 @@ from clap.data.decoding import decode_file
 from clap.errors import ClapError
 
 ROOT = Path(__file__).resolve().parents[1]
-DECLARED = ["utf-8-sig", "cp1252"]  # params.yaml assetize.encodings
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.machine import machine  # noqa: E402
+
+DECLARED = ["utf-8-sig", "cp1252"]  # the demo sources' encodings (params assetize.sources.*.encodings)
 # UTF-8 exports given two cp1252 lines: the first two decode as cp1252 as a whole, the MES one does not
 MIXED = ("2026-01/maintenance_tickets.csv", "2026-01/kb_documents.jsonl", "2026-01/mes_shift_reports.csv")
 
@@ -141,7 +144,7 @@ def main() -> None:
         "charset_normalizer": charset_normalizer.__version__,
         "summary": summary,
         "rows": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": machine(),
     }
     io.write_json(a.out, result)
     for method, s in summary.items():

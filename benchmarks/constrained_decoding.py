@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,15 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except Exception:  # noqa: BLE001 - lscpu missing: the platform string is the best we have
-        return platform.processor() or platform.machine()
+from benchmarks.machine import cpu_model  # noqa: E402
 
 
 def _accepted(grammar, tok, text: str) -> bool:

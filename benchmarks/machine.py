@@ -1,0 +1,23 @@
+"""The machine a benchmark ran on, as results record it (these machines' CPU model varies)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+
+
+def cpu_model() -> str:
+    """lscpu's "Model name" (the platform string when lscpu is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
+    except Exception:  # noqa: BLE001 - lscpu missing or silent: the platform string is the best we have
+        return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """``<cpu model>, <n> cores, load <1-min load>``."""
+    return f"{cpu_model()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
