@@ -1,6 +1,6 @@
 """Pandera models of data/admitted/<batch>/ (docs/data-contract.md, "Admitted").
 
-The admitted splits keep the normalized columns; :class:`AdmittedSet` is the
+The admitted splits keep the normalized columns (built from the declared answer); :class:`AdmittedSet` is the
 dataframe-level zero-overlap check over all admitted splits together.
 """
 
@@ -10,19 +10,26 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from schemas.normalized import NormalizedItems, NormalizedKB
+from clap.data.normalize import Vocab
+from schemas.normalized import normalized_items, normalized_kb
 
 # sft and grpo are both drawn from the training pool and may share items; every other
 # pair of groups must be disjoint by item_id and by input hash.
 GROUP_OF_ROLE = {"sft": "train", "grpo": "train", "eval": "eval", "probe": "probe", "replay": "replay"}
 
 
-class AdmittedItems(NormalizedItems):
+def admitted_items(vocab: Vocab) -> pa.DataFrameSchema:
     """sft/grpo/eval/probe/replay.parquet: admitted items (probe items keep split ``eval``)."""
+    schema = normalized_items(vocab)
+    schema.name = "AdmittedItems"
+    return schema
 
 
-class AdmittedKB(NormalizedKB):
+def admitted_kb(vocab: Vocab) -> pa.DataFrameSchema:
     """kb.parquet: the normalized knowledge base, copied."""
+    schema = normalized_kb(vocab)
+    schema.name = "AdmittedKB"
+    return schema
 
 
 class AdmittedSet(pa.DataFrameModel):

@@ -2,7 +2,9 @@
 
 Strings are as found in the raw exports, so the checks are structural: required columns
 present and non-null, IDs unique within an asset, source systems and splits from their
-sets, values finite, source lines 1-based, context_doc_ids a JSON list of strings.
+sets, values finite, source lines 1-based, context_doc_ids a JSON list of strings. The
+records and question items carry one ``<key>_raw`` column per key field of the declared
+answer (params ``task``), so their schemas are built from it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.data.assetize import RULES
+from clap.data.assetize import RULES, asset_columns
+from clap.task.answer import AnswerSchema
 
 SOURCE_NAME = r"^[a-z][a-z0-9_]*$"  # a declared source's name (params assetize.sources)
 
@@ -38,24 +41,6 @@ class _Sourced(pa.DataFrameModel):
         coerce = True
 
 
-class RecordsAsset(_Sourced):
-    """records.parquet: the declared records sources' facts, one value each."""
-
-    record_id: Series[str] = pa.Field(unique=True)
-    source_system: Series[str] = pa.Field(str_matches=SOURCE_NAME)
-    line_raw: Series[str]
-    shift_raw: Series[str]
-    date_raw: Series[str]
-    metric_label: Series[str]
-    value: Series[float]
-    unit_raw: Series[str]
-    text: Series[str]
-
-    @pa.check("value", name="finite")
-    def _finite(cls, s: Series[float]) -> Series[bool]:
-        return pd.Series(np.isfinite(s.to_numpy(dtype=float)), index=s.index)
-
-
 class KbAsset(_Sourced):
     """kb.parquet: the declared documents sources (what retrieval searches)."""
 
@@ -64,40 +49,6 @@ class KbAsset(_Sourced):
     record_ref: Series[str]
     title: Series[str]
     body: Series[str]
-
-
-class ItemsAsset(_Sourced):
-    """sft/eval/replay/grpo.parquet: question-log rows with their reviewer gold, as text."""
-
-    item_id: Series[str] = pa.Field(unique=True)
-    split: Series[str] = pa.Field(isin=["train", "eval", "replay"])
-    question: Series[str]
-    question_type: Series[str]
-    context_doc_ids: Series[str]
-    metric_label: Series[str]
-    value_raw: Series[str]
-    unit_raw: Series[str]
-    line_raw: Series[str]
-    shift_raw: Series[str]
-    date_raw: Series[str]
-    evidence: Series[str]
-    evidence_doc_id: Series[str]
-
-    @pa.check("context_doc_ids", name="json_list_of_strings")
-    def _context_json(cls, s: Series[str]) -> Series[bool]:
-        return s.map(_is_json_str_list).astype(bool)
-
-
-class SftAsset(ItemsAsset):
-    split: Series[str] = pa.Field(isin=["train"])
-
-
-class EvalAsset(ItemsAsset):
-    split: Series[str] = pa.Field(isin=["eval"])
-
-
-class ReplayAsset(ItemsAsset):
-    split: Series[str] = pa.Field(isin=["replay"])
 
 
 class RejectsAsset(_Sourced):
@@ -111,12 +62,48 @@ class RejectsAsset(_Sourced):
     raw: Series[str]
 
 
-SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
-    "records": RecordsAsset,
-    "kb": KbAsset,
-    "sft": SftAsset,
-    "eval": EvalAsset,
-    "replay": ReplayAsset,
-    "grpo": SftAsset,
-    "rejects": RejectsAsset,
-}
+def _finite(s: pd.Series) -> pd.Series:
+    return pd.Series(np.isfinite(s.to_numpy(dtype=float)), index=s.index)
+
+
+def _sourced() -> dict[str, pa.Column]:
+    return {"source_file": pa.Column(str), "source_line": pa.Column(int, pa.Check.ge(1))}
+
+
+def records_asset(answer: AnswerSchema) -> pa.DataFrameSchema:
+    """records.parquet: the declared records sources' facts, one value each (``<key>_raw`` per key field)."""
+    number = answer.field(answer.value).type == "number"
+    cols = {
+        "record_id": pa.Column(str, unique=True),
+        "source_system": pa.Column(str, pa.Check.str_matches(SOURCE_NAME)),
+        **{c: pa.Column(str) for c in asset_columns(answer)["records"] if c.endswith("_raw")},
+        "value": pa.Column(float, pa.Check(_finite, name="finite")) if number else pa.Column(str),
+        "text": pa.Column(str),
+        **_sourced(),
+    }
+    return pa.DataFrameSchema(cols, strict=True, coerce=True, name="RecordsAsset")
+
+
+def items_asset(answer: AnswerSchema, splits: list[str], name: str) -> pa.DataFrameSchema:
+    """sft/eval/replay/grpo.parquet: question-log rows with their reviewer gold, as text."""
+    columns = asset_columns(answer)["items"]
+    cols = {c: pa.Column(str) for c in columns if c not in ("source_file", "source_line")}
+    cols["item_id"] = pa.Column(str, unique=True)
+    cols["split"] = pa.Column(str, pa.Check.isin(splits))
+    cols["context_doc_ids"] = pa.Column(
+        str, pa.Check(lambda s: s.map(_is_json_str_list).astype(bool), name="json_list_of_strings")
+    )
+    return pa.DataFrameSchema({**cols, **_sourced()}, strict=True, coerce=True, name=name)
+
+
+def asset_schemas(answer: AnswerSchema) -> dict[str, pa.DataFrameSchema | type[pa.DataFrameModel]]:
+    """The schema of every asset file, for the declared answer (params ``task``)."""
+    return {
+        "records": records_asset(answer),
+        "kb": KbAsset,
+        "sft": items_asset(answer, ["train"], "SftAsset"),
+        "eval": items_asset(answer, ["eval"], "EvalAsset"),
+        "replay": items_asset(answer, ["replay"], "ReplayAsset"),
+        "grpo": items_asset(answer, ["train"], "SftAsset"),
+        "rejects": RejectsAsset,
+    }

@@ -1,8 +1,9 @@
 """Pandera models of data/normalized/<batch>/ (docs/data-contract.md, "Normalized").
 
-Canonical spellings are checked by shape (``L<n>``, one-letter shift, ISO date, snake_case
-metric) rather than by list, because the vocabulary is params policy (params.yaml
-``normalize``). Cleaned text is checked by idempotence: a cleaned string cleans to itself.
+The columns come from the declared answer (params ``task``: a column per key field, the value,
+the unit) and its key normalizers (params ``normalize.keys``): a vocabulary or code key must be
+one of its declared words, a date key an ISO date, a text key cleaned text; the unit one of the
+canonical units. Cleaned text is checked by idempotence: a cleaned string cleans to itself.
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from clap.data.normalize import clean_text, input_hash
+from clap.data.normalize import KeyNorm, Vocab, clean_text, input_hash
 from clap.errors import ClapError
 
-SYSTEMS = ["mes", "qms", "cmms"]
-LINE = r"^L[1-9][0-9]*$"
-SHIFT = r"^[A-Z]$"
-METRIC = r"^[a-z][a-z0-9_]*$"
+SOURCE = r"^[a-z][a-z0-9_]*$"  # a source system's name (a declared source's, or a document's system)
 DATE = r"^\d{4}-\d{2}-\d{2}$"
 
 
@@ -39,111 +37,97 @@ def _json_list(text: str) -> bool:
     return isinstance(value, list) and all(isinstance(x, str) for x in value)
 
 
-class NormalizedRecords(pa.DataFrameModel):
-    """records.parquet: one canonical fact per row."""
-
-    record_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    source_system: Series[str] = pa.Field(isin=SYSTEMS)
-    line: Series[str] = pa.Field(str_matches=LINE)
-    shift: Series[str] = pa.Field(str_matches=SHIFT)
-    date: Series[str] = pa.Field(str_matches=DATE)
-    metric: Series[str] = pa.Field(str_matches=METRIC)
-    value: Series[float] = pa.Field(nullable=False)
-    unit: Series[str] = pa.Field(str_length={"min_value": 1})
-    text: Series[str]
-    source_file: Series[str]
-    source_line: Series[int] = pa.Field(ge=1)
-
-    class Config:
-        strict = True
-        coerce = True
-
-    @pa.check("date")
-    def valid_date(cls, s: Series[str]) -> Series[bool]:
-        return _valid_dates(s)
-
-    @pa.check("value")
-    def finite_value(cls, s: Series[float]) -> Series[bool]:
-        return s.abs() < float("inf")
-
-    @pa.dataframe_check
-    def one_unit_per_metric(cls, df: pd.DataFrame) -> Series[bool]:
-        return df.groupby("metric")["unit"].transform("nunique") == 1
-
-    @pa.dataframe_check
-    def no_duplicate_fact(cls, df: pd.DataFrame) -> Series[bool]:
-        return ~df.duplicated(["line", "shift", "date", "metric", "value"], keep=False)
+def _key_column(key: KeyNorm, nullable: bool = False) -> pa.Column:
+    """A canonical key field: one of the declared words (vocabulary, code), an ISO date, or cleaned text."""
+    if key.kind in ("vocabulary", "code"):
+        return pa.Column(str, pa.Check.isin(list(key.words)), nullable=nullable)
+    if key.kind == "date":
+        checks = [pa.Check.str_matches(DATE), pa.Check(_valid_dates, name="valid_date")]
+        return pa.Column(str, checks, nullable=nullable)
+    return pa.Column(
+        str, [pa.Check.str_length(min_value=1), pa.Check(_cleaned, name="cleaned_text")], nullable=nullable
+    )
 
 
-class NormalizedKB(pa.DataFrameModel):
-    """kb.parquet: cleaned documents with line/shift/date of the record they describe (null if none)."""
-
-    doc_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    system: Series[str] = pa.Field(isin=SYSTEMS)
-    record_ref: Series[str] = pa.Field(nullable=True)
-    title: Series[str]
-    body: Series[str] = pa.Field(str_length={"min_value": 1})
-    line: Series[str] = pa.Field(nullable=True, str_matches=LINE)
-    shift: Series[str] = pa.Field(nullable=True, str_matches=SHIFT)
-    date: Series[str] = pa.Field(nullable=True, str_matches=DATE)
-
-    class Config:
-        strict = True
-        coerce = True
-
-    @pa.check("title", "body")
-    def cleaned_text(cls, s: Series[str]) -> Series[bool]:
-        return _cleaned(s)
-
-    @pa.check("date")
-    def valid_date(cls, s: Series[str]) -> Series[bool]:
-        return _valid_dates(s)
+def _finite(s: pd.Series) -> pd.Series:
+    return s.abs() < float("inf")
 
 
-class NormalizedItems(pa.DataFrameModel):
+def _value_and_unit(vocab: Vocab) -> dict[str, pa.Column]:
+    if vocab.value_type == "number":
+        cols = {"value": pa.Column(float, pa.Check(_finite, name="finite_value"))}
+    else:
+        cols = {
+            "value": pa.Column(
+                str, [pa.Check.str_length(min_value=1), pa.Check(_cleaned, name="cleaned_text")]
+            )
+        }
+    if vocab.unit_field:
+        cols[vocab.unit_field] = pa.Column(
+            str, pa.Check.isin(sorted({u for u, _ in vocab.unit_by_variant.values()}))
+        )
+    return cols
+
+
+def _sourced() -> dict[str, pa.Column]:
+    return {"source_file": pa.Column(str), "source_line": pa.Column(int, pa.Check.ge(1))}
+
+
+def normalized_records(vocab: Vocab) -> pa.DataFrameSchema:
+    """records.parquet: one canonical fact per row (no two with the same key fields and value)."""
+    keys = list(vocab.answer.keys)
+    checks = [pa.Check(lambda df: ~df.duplicated([*keys, "value"], keep=False), name="no_duplicate_fact")]
+    if vocab.unit_of:
+        unit, of = vocab.unit_field, vocab.unit_of
+        checks.append(
+            pa.Check(lambda df: df.groupby(of)[unit].transform("nunique") == 1, name=f"one_unit_per_{of}")
+        )
+    cols = {
+        "record_id": pa.Column(str, [pa.Check.str_length(min_value=1)], unique=True),
+        "source_system": pa.Column(str, pa.Check.str_matches(SOURCE)),
+        **{k.name: _key_column(k) for k in vocab.keys},
+        **_value_and_unit(vocab),
+        "text": pa.Column(str),
+        **_sourced(),
+    }
+    return pa.DataFrameSchema(cols, checks=checks, strict=True, coerce=True, name="NormalizedRecords")
+
+
+def normalized_kb(vocab: Vocab) -> pa.DataFrameSchema:
+    """kb.parquet: cleaned documents with the key fields of the record they describe (null if none)."""
+    text = [pa.Check(_cleaned, name="cleaned_text")]
+    cols = {
+        "doc_id": pa.Column(str, [pa.Check.str_length(min_value=1)], unique=True),
+        "system": pa.Column(str, pa.Check.str_matches(SOURCE)),
+        "record_ref": pa.Column(str, nullable=True),
+        "title": pa.Column(str, text),
+        "body": pa.Column(str, [pa.Check.str_length(min_value=1), *text]),
+        **{k.name: _key_column(k, nullable=True) for k in vocab.keys},
+    }
+    return pa.DataFrameSchema(cols, strict=True, coerce=True, name="NormalizedKB")
+
+
+def normalized_items(vocab: Vocab) -> pa.DataFrameSchema:
     """sft/grpo/eval/replay.parquet: canonical gold answers with verifiable evidence."""
-
-    item_id: Series[str] = pa.Field(unique=True, str_length={"min_value": 1})
-    split: Series[str] = pa.Field(isin=["train", "eval", "replay"])
-    question: Series[str] = pa.Field(str_length={"min_value": 1})
-    question_type: Series[str]
-    context_doc_ids: Series[str]
-    metric: Series[str] = pa.Field(str_matches=METRIC)
-    value: Series[float] = pa.Field(nullable=False)
-    unit: Series[str] = pa.Field(str_length={"min_value": 1})
-    line: Series[str] = pa.Field(str_matches=LINE)
-    shift: Series[str] = pa.Field(str_matches=SHIFT)
-    date: Series[str] = pa.Field(str_matches=DATE)
-    evidence: Series[str] = pa.Field(str_length={"min_value": 1})
-    evidence_doc_id: Series[str] = pa.Field(str_length={"min_value": 1})
-    source_system: Series[str] = pa.Field(isin=SYSTEMS)
-    input_hash: Series[str] = pa.Field(unique=True, str_matches=r"^[0-9a-f]{64}$")
-    source_file: Series[str]
-    source_line: Series[int] = pa.Field(ge=1)
-
-    class Config:
-        strict = True
-        coerce = True
-
-    @pa.check("question", "evidence")
-    def cleaned_text(cls, s: Series[str]) -> Series[bool]:
-        return _cleaned(s)
-
-    @pa.check("context_doc_ids")
-    def json_list_of_ids(cls, s: Series[str]) -> Series[bool]:
-        return s.map(_json_list)
-
-    @pa.check("date")
-    def valid_date(cls, s: Series[str]) -> Series[bool]:
-        return _valid_dates(s)
-
-    @pa.check("value")
-    def finite_value(cls, s: Series[float]) -> Series[bool]:
-        return s.abs() < float("inf")
-
-    @pa.dataframe_check
-    def input_hash_of_question(cls, df: pd.DataFrame) -> Series[bool]:
-        return df["input_hash"] == df["question"].map(input_hash)
+    cleaned = pa.Check(_cleaned, name="cleaned_text")
+    cols = {
+        "item_id": pa.Column(str, [pa.Check.str_length(min_value=1)], unique=True),
+        "split": pa.Column(str, pa.Check.isin(["train", "eval", "replay"])),
+        "question": pa.Column(str, [pa.Check.str_length(min_value=1), cleaned]),
+        "question_type": pa.Column(str),
+        "context_doc_ids": pa.Column(str, pa.Check(lambda s: s.map(_json_list), name="json_list_of_ids")),
+        **{k.name: _key_column(k) for k in vocab.keys},
+        **_value_and_unit(vocab),
+        "evidence": pa.Column(str, [pa.Check.str_length(min_value=1), cleaned]),
+        "evidence_doc_id": pa.Column(str, pa.Check.str_length(min_value=1)),
+        "source_system": pa.Column(str, pa.Check.str_matches(SOURCE)),
+        "input_hash": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$"), unique=True),
+        **_sourced(),
+    }
+    check = pa.Check(
+        lambda df: df["input_hash"] == df["question"].map(input_hash), name="input_hash_of_question"
+    )
+    return pa.DataFrameSchema(cols, checks=[check], strict=True, coerce=True, name="NormalizedItems")
 
 
 class NormalizedRejects(pa.DataFrameModel):
@@ -160,15 +144,15 @@ class NormalizedRejects(pa.DataFrameModel):
         coerce = True
 
 
-SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
-    "records": NormalizedRecords,
-    "kb": NormalizedKB,
-    "sft": NormalizedItems,
-    "grpo": NormalizedItems,
-    "eval": NormalizedItems,
-    "replay": NormalizedItems,
-    "rejects": NormalizedRejects,
-}
+def normalized_schemas(vocab: Vocab) -> dict[str, pa.DataFrameSchema | type[pa.DataFrameModel]]:
+    """The schema of every normalized file, for the declared answer and its key normalizers."""
+    items = normalized_items(vocab)
+    return {
+        "records": normalized_records(vocab),
+        "kb": normalized_kb(vocab),
+        **dict.fromkeys(("sft", "grpo", "eval", "replay"), items),
+        "rejects": NormalizedRejects,
+    }
 
 
 def validate_frame(

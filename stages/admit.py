@@ -17,20 +17,14 @@ from pathlib import Path
 
 from clap import io, params, stage
 from clap.data.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
-from clap.data.normalize import NormalizeParams, build_vocab
+from clap.data.normalize import build_vocab, normalize_params
 from clap.determinism import frame_hashes
 from clap.task.scoring import reward, scoring_params
-from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
-from schemas.normalized import NormalizedItems, NormalizedKB, validate_frame
+from schemas.admitted import AdmittedSet, admitted_items, admitted_kb
+from schemas.normalized import normalized_items, normalized_kb, validate_frame
 
 USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON"
-POOLS = {
-    "sft": NormalizedItems,
-    "grpo": NormalizedItems,
-    "eval": NormalizedItems,
-    "replay": NormalizedItems,
-    "kb": NormalizedKB,
-}
+POOLS = ("sft", "grpo", "eval", "replay", "kb")
 
 
 def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
@@ -38,18 +32,24 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
     started = time.perf_counter()
     p = params.section("admit", AdmitParams)
     sizes = params.section("sizes", SplitSizes)
-    vocab = build_vocab(params.section("normalize", NormalizeParams))
+    vocab = build_vocab(normalize_params())
     sp = scoring_params()
     pools = {
-        name: validate_frame(model, io.read_parquet(src / f"{name}.parquet"), str(src / f"{name}.parquet"))
-        for name, model in POOLS.items()
+        name: validate_frame(
+            normalized_kb(vocab) if name == "kb" else normalized_items(vocab),
+            io.read_parquet(src / f"{name}.parquet"),
+            str(src / f"{name}.parquet"),
+        )
+        for name in POOLS
     }
     result = admit_batch(
         pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name, sp.answer
     )
     frames = {
         name: validate_frame(
-            AdmittedKB if name == "kb" else AdmittedItems, df, str(out_dir / f"{name}.parquet")
+            admitted_kb(vocab) if name == "kb" else admitted_items(vocab),
+            df,
+            str(out_dir / f"{name}.parquet"),
         )
         for name, df in result.frames.items()
     }

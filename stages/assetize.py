@@ -20,7 +20,8 @@ from clap import io, params, stage
 from clap.data.assetize import AssetizeParams, assetize_batch, batch_metrics
 from clap.determinism import frame_hashes
 from clap.errors import ClapError
-from schemas.assets import SCHEMAS
+from clap.task.answer import load_answer_schema
+from schemas.assets import asset_schemas
 
 USAGE = "usage: python stages/assetize.py RAW_DIR OUT_DIR METRICS_JSON"
 
@@ -28,8 +29,10 @@ USAGE = "usage: python stages/assetize.py RAW_DIR OUT_DIR METRICS_JSON"
 def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     started = time.perf_counter()
     p = params.section("assetize", AssetizeParams)
-    result = assetize_batch(raw_dir, p)
-    frames = {name: _validate(name, df) for name, df in result.assets.items()}
+    answer = load_answer_schema()
+    result = assetize_batch(raw_dir, p, answer)
+    schemas = asset_schemas(answer)
+    frames = {name: _validate(schemas[name], name, df) for name, df in result.assets.items()}
     metrics = batch_metrics(result)
     if not metrics["conservation_ok"]:
         raise ClapError(
@@ -46,9 +49,9 @@ def run(raw_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     return metrics
 
 
-def _validate(name: str, df):
+def _validate(schema, name: str, df):
     try:
-        return SCHEMAS[name].validate(df, lazy=True)
+        return schema.validate(df, lazy=True)
     except pa.errors.SchemaErrors as e:
         cases = e.failure_cases[["column", "check"]].drop_duplicates().head(5).to_dict("records")
         raise ClapError(

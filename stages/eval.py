@@ -20,7 +20,7 @@ from pathlib import Path
 
 from clap import determinism, io, params, stage
 from clap.chain.grounding import answer_space
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
 from clap.task.scoring import scoring_params
@@ -39,7 +39,7 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
     items, kb = io.read_parquet(admitted / "eval.parquet"), io.read_parquet(admitted / "kb.parquet")
     incumbent = incumbent_spec(pointer, adapter.parent, base)
     specs = model_specs(adapter, incumbent)
-    space = answer_space(params.section("normalize", NormalizeParams), sp.answer)
+    space = answer_space(normalize_params(), sp.answer)
     scored, timings, diagnostics = evaluate(specs, base, items, kb, ep, sp, space)
     scored = validate_frame(eval_items(sp.answer), scored, str(out_dir / "items.parquet"))
     timings = validate_frame(EvalTimings, timings, str(out_dir / "timings.parquet"))

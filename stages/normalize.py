@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params, stage
-from clap.data.normalize import NormalizeParams, load_assets, normalize_batch
+from clap import io, stage
+from clap.data.normalize import build_vocab, load_assets, normalize_batch, normalize_params
 from clap.determinism import frame_hashes
-from schemas.normalized import SCHEMAS, validate_frame
+from schemas.normalized import normalized_schemas, validate_frame
 
 USAGE = "usage: python stages/normalize.py ASSETS_DIR OUT_DIR METRICS_JSON"
 
@@ -24,11 +24,12 @@ USAGE = "usage: python stages/normalize.py ASSETS_DIR OUT_DIR METRICS_JSON"
 def run(assets_dir: Path, out_dir: Path, metrics_path: Path) -> dict:
     """Normalize one batch and write its folder and metrics; returns the metrics."""
     started = time.perf_counter()
-    p = params.section("normalize", NormalizeParams)
-    result = normalize_batch(load_assets(assets_dir), p)
+    p = normalize_params()
+    result = normalize_batch(load_assets(assets_dir, p.answer), p)
+    schemas = normalized_schemas(build_vocab(p))
     frames = {**result.frames, "rejects": result.rejects}
     checked = {
-        name: validate_frame(SCHEMAS[name], df, str(out_dir / f"{name}.parquet"))
+        name: validate_frame(schemas[name], df, str(out_dir / f"{name}.parquet"))
         for name, df in frames.items()
     }
     with io.atomic_dir(out_dir) as tmp:

@@ -23,7 +23,7 @@ from pathlib import Path
 from clap import io, params, stage
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import answer_space
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.judge.evaluation import eval_params
 from clap.judge.replay import (
     ReplayParams,
@@ -60,7 +60,7 @@ def run(
     )
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
-    space = answer_space(params.section("normalize", NormalizeParams), sp.answer)
+    space = answer_space(normalize_params(), sp.answer)
     answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp, space)
     cases, timings = score_conditions(items, answers, sp)
     cases = validate_frame(replay_cases(sp.answer), cases, str(data_dir / "cases.parquet"))

@@ -23,7 +23,7 @@ from clap.data.normalize import (
     answer_vocabularies,
     build_vocab,
     dates_in,
-    metric_units,
+    key_units,
 )
 from clap.errors import ClapError
 from clap.model.constrain import DECODING_MODES, Constraint, Grammars
@@ -68,7 +68,7 @@ def answer_space(p: NormalizeParams, answer: AnswerSchema) -> AnswerSpace:
             rule="bad_params",
         )
     unit = next((f for f in answer.fields if f.role == "unit" and f.of), None)
-    units = metric_units(p) if unit is not None else {}
+    units = key_units(p) if unit is not None else {}
     vocabularies = {k: v for k, v in words.items() if k in answer.names}
     return AnswerSpace(answer, vocabularies, units, build_vocab(p))
 

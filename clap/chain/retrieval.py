@@ -196,7 +196,8 @@ def _date_terms(parts: Mapping[str, str | None]) -> set[str]:
 
 
 def metadata_entities(row: Mapping[str, Any]) -> set[str]:
-    """Entity terms of a KB row's ``line``/``shift``/``date`` columns (missing ones skipped)."""
+    """Entity terms of a KB row's ``line``/``shift``/``date`` columns (missing ones skipped: a knowledge
+    base whose declared answer has other key fields carries none of them)."""
     out: set[str] = set()
     line, shift, date = (row.get(k) for k in ("line", "shift", "date"))
     if isinstance(line, str) and re.fullmatch(r"L\d+", line):
@@ -221,15 +222,16 @@ class KBIndex:
     """A BM25 index of one knowledge base (title + body + metadata entities per document).
 
     Args:
-        kb: the admitted ``kb.parquet`` frame (``doc_id``, ``title``, ``body``, ``line``,
-            ``shift``, ``date``); ``doc_id`` must be unique.
+        kb: the admitted ``kb.parquet`` frame (``doc_id``, ``title``, ``body``, and the key
+            columns normalize joined, of which ``line``, ``shift``, ``date`` give entity terms);
+            ``doc_id`` must be unique.
         p: retrieval params.
     """
 
     def __init__(self, kb: pd.DataFrame, p: RetrievalParams):
         import bm25s
 
-        missing = sorted({"doc_id", "title", "body", "line", "shift", "date"} - set(kb.columns))
+        missing = sorted({"doc_id", "title", "body"} - set(kb.columns))
         if missing:
             raise ClapError(
                 f"knowledge base lacks columns {missing}", column=missing[0], rule="missing_column"

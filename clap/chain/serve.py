@@ -28,11 +28,10 @@ from typing import Annotated, Any
 from clap import io, params
 from clap.chain.chain import Chain, ChainParams, build_index, load_chain
 from clap.chain.grounding import answer_space
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.release.registry import verify_pointer
-from clap.task.answer import load_answer_schema
 
 POINTER = Path("releases/production.json")
 BASE_DIR = Path("models/base")
@@ -176,10 +175,8 @@ def load_service(root: Path | str, p: ServeParams, cp: ChainParams) -> tuple[Cha
     root = Path(root)
     served, adapter_dir = resolve_release(root, p)
     kb = io.read_parquet(root / ADMITTED / served.kb_batch / "kb.parquet")
-    space = answer_space(
-        params.section("normalize", NormalizeParams, root / "params.yaml"),
-        load_answer_schema(root / "params.yaml"),
-    )
+    p = normalize_params(root / "params.yaml")
+    space = answer_space(p, p.answer)
     return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp, space), served
 
 

@@ -39,6 +39,7 @@ from clap.data.sources import (
     table_rows,
 )
 from clap.errors import ClapError
+from clap.task.answer import AnswerSchema
 
 RULES = (
     "bad_encoding",
@@ -51,37 +52,38 @@ RULES = (
     "wrong_type",
 )
 
-RECORD_COLUMNS = (
-    "record_id",
-    "source_system",
-    "line_raw",
-    "shift_raw",
-    "date_raw",
-    "metric_label",
-    "value",
-    "unit_raw",
-    "text",
-    "source_file",
-    "source_line",
-)
 KB_COLUMNS = ("doc_id", "system", "record_ref", "title", "body", "source_file", "source_line")
-ITEM_COLUMNS = (
-    "item_id",
-    "split",
-    "question",
-    "question_type",
-    "context_doc_ids",
-    "metric_label",
-    "value_raw",
-    "unit_raw",
-    "line_raw",
-    "shift_raw",
-    "date_raw",
-    "evidence",
-    "evidence_doc_id",
-    "source_file",
-    "source_line",
-)
+
+
+def asset_columns(answer: AnswerSchema) -> dict[str, tuple[str, ...]]:
+    """The asset columns of records, kb and question items for the declared answer (params ``task``).
+
+    Each key field ``<k>`` is read raw into ``<k>_raw`` (normalize canonicalizes it), the value into
+    ``value`` (records: a number, or text for a text value) / ``value_raw`` (items: as the reviewer
+    wrote it), the unit (when the answer has one) into ``unit_raw``.
+    """
+    keys = tuple(f"{k}_raw" for k in answer.keys)
+    unit = ("unit_raw",) if any(f.role == "unit" for f in answer.fields) else ()
+    return {
+        "records": ("record_id", "source_system", *keys, "value", *unit, "text", *_SOURCED),
+        "kb": KB_COLUMNS,
+        "items": (
+            "item_id", "split", "question", "question_type", "context_doc_ids", *keys, "value_raw", *unit,
+            "evidence", "evidence_doc_id", *_SOURCED,
+        ),
+    }  # fmt: skip
+
+
+def target_columns(answer: AnswerSchema) -> dict[str, tuple[str, ...]]:
+    """The asset columns a source of each target maps (records get source_system = the source's name)."""
+    cols = asset_columns(answer)
+    return {
+        "records": tuple(c for c in cols["records"] if c not in (*_SOURCED, "source_system")),
+        "documents": tuple(c for c in cols["kb"] if c not in _SOURCED),
+        "questions": tuple(c for c in cols["items"] if c not in _SOURCED),
+    }
+
+
 REJECT_COLUMNS = (
     "source_file",
     "source_line",
@@ -94,14 +96,6 @@ REJECT_COLUMNS = (
 )
 ASSETS = ("records", "kb", "sft", "eval", "replay", "grpo", "rejects")
 _SOURCED = ("source_file", "source_line")
-# the asset columns a source of each target maps (records get source_system = the source's name)
-TARGET_COLUMNS: dict[str, tuple[str, ...]] = {
-    "records": tuple(c for c in RECORD_COLUMNS if c not in (*_SOURCED, "source_system")),
-    "documents": tuple(c for c in KB_COLUMNS if c not in _SOURCED),
-    "questions": tuple(c for c in ITEM_COLUMNS if c not in _SOURCED),
-}
-
-
 @dataclass(frozen=True)
 class AssetizeParams:
     """params.yaml section ``assetize``."""
@@ -111,8 +105,8 @@ class AssetizeParams:
     max_bad_line_share: float  # a text file with more of its lines undecodable is a file-level error
     max_json_depth: int  # a JSON row nested deeper is a bad_json reject, never parsed (json recursion)
 
-    def declared(self) -> tuple[Source, ...]:
-        return parse_sources(self.sources, TARGET_COLUMNS)
+    def declared(self, answer: AnswerSchema) -> tuple[Source, ...]:
+        return parse_sources(self.sources, target_columns(answer))
 
 
 # --- parsing primitives ------------------------------------------------------------------
@@ -701,18 +695,21 @@ def _glob(raw_dir: Path, pattern: str) -> list[str]:
     return sorted(p.relative_to(raw_dir).as_posix() for p in raw_dir.glob(pattern) if p.is_file())
 
 
-def assetize_batch(raw_dir: Path | str, p: AssetizeParams) -> Assetized:
+def assetize_batch(raw_dir: Path | str, p: AssetizeParams, answer: AnswerSchema) -> Assetized:
     """Parse every raw file of a batch folder, as declared, into the asset frames of the data contract.
 
     Args:
         raw_dir: ``data/raw/<batch>``.
         p: the ``assetize`` params (its ``sources`` declare every export).
+        answer: the declared answer (params ``task``): its key fields name the asset columns.
 
     Returns:
         Frames ``records, kb, sft, eval, replay, grpo, rejects`` and per-(source, file) results.
     """
     raw_dir = Path(raw_dir)
-    sources = p.declared()
+    sources = p.declared(answer)
+    columns = asset_columns(answer)
+    value_dtype = "float64" if answer.field(answer.value).type == "number" else "str"
     listed = list_batch(raw_dir, sources, p.ignore)
     seen: dict[str, dict] = {s.name: {} for s in sources}
     # in file-path order (then declaration order): the assets' row order does not depend on how the
@@ -728,10 +725,10 @@ def assetize_batch(raw_dir: Path | str, p: AssetizeParams) -> Assetized:
         rows[target[by_name[res.source].target]].extend(res.rows)
         rows["rejects"].extend(res.rejects)
     _resolve_documents_of(rows["items"], rows["kb"])
-    items = _frame(rows["items"], ITEM_COLUMNS)
+    items = _frame(rows["items"], columns["items"])
     sft = items[items["split"] == "train"].reset_index(drop=True)
     assets = {
-        "records": _frame(rows["records"], RECORD_COLUMNS),
+        "records": _frame(rows["records"], columns["records"], value_dtype),
         "kb": _frame(rows["kb"], KB_COLUMNS),
         "sft": sft,
         "eval": items[items["split"] == "eval"].reset_index(drop=True),
@@ -753,9 +750,9 @@ def _resolve_documents_of(items: list[dict], docs: list[dict]) -> None:
                 it[k] = json.dumps(groups.get(v[1], []), ensure_ascii=False)
 
 
-def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
+def _frame(rows: list[dict], columns: tuple[str, ...], value_dtype: str = "str") -> pd.DataFrame:
     """Rows as a frame with the contract's dtypes (also when there are no rows)."""
-    dtypes = {c: "int64" if c == "source_line" else "float64" if c == "value" else "str" for c in columns}
+    dtypes = {c: "int64" if c == "source_line" else value_dtype if c == "value" else "str" for c in columns}
     return pd.DataFrame(rows, columns=list(columns)).astype(dtypes)
 
 

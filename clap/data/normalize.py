@@ -1,15 +1,20 @@
 """normalize: typed assets -> canonical, verifiable, deduplicated, leak-free assets.
 
-Every value is brought to one spelling: metric labels lose value-bearing numeric
-prefixes/suffixes ("98.2% First Pass Yield" -> ``first_pass_yield``), units become
-canonical with the value converted (ratio -> % x100, h -> min x60), lines ``L3``, shifts
-``A``/``B``/``C``, dates ISO. Text is Unicode-cleaned (:func:`clean_text`). Evidence must be
-a substring of its cited document's body and carry the value. Duplicates and train/held-out
-overlap are removed. No row disappears silently: every dropped or repaired row becomes a
-row of the rejects frame (``artifact, item_id, rule, action, detail``).
+Every value is brought to one spelling. The answer's key fields (params ``task``: role ``key``)
+are canonicalized by the normalizer params ``normalize.keys`` declares for each of them:
+``vocabulary`` (canonical words and their aliases, optionally with value-bearing numeric
+affixes stripped: "98.2% First Pass Yield" -> ``first_pass_yield``), ``code`` (a prefix word
+and a number: "Line 03" -> ``L3``), ``date`` (any of ``date_formats`` -> ISO) or ``text``
+(Unicode-cleaned). A number value is converted to its canonical unit (ratio -> % x100,
+h -> min x60); a text value is cleaned. Text is Unicode-cleaned (:func:`clean_text`). Evidence
+must be a substring of its cited document's body and carry the value; with
+``evidence: locate`` an item without a quote gets the first sentence of its context that
+carries the value (a question log that cites no quote, such as TAT-QA's). Duplicates and
+train/held-out overlap are removed. No row disappears silently: every dropped or repaired
+row becomes a row of the rejects frame (``artifact, item_id, rule, action, detail``).
 
-The domain vocabulary (metric labels, unit factors, shift aliases, date formats) comes from
-params.yaml ``normalize``: it is deployment policy, not code. Unicode look-alike facts
+The domain vocabulary (key words, unit factors, date formats) comes from params.yaml
+``normalize``: it is deployment policy, not code. Unicode look-alike facts
 (:data:`CONFUSABLES`) are code: they do not vary by deployment.
 """
 
@@ -28,39 +33,85 @@ from typing import Any, Iterable, Mapping
 import pandas as pd
 
 from clap import io
+from clap.data.assetize import asset_columns
 from clap.errors import ClapError
+from clap.task.answer import PARAMS, AnswerSchema, load_answer_schema
 from clap.task.context import parse_doc_ids
+from clap.task.prompt import context_sentences
 
 # --------------------------------------------------------------------------- params
+
+KEY_KINDS = {"vocabulary": "vocabulary", "code": "vocabulary", "date": "date", "text": "text"}  # kind -> answer type
+EVIDENCE_MODES = ("given", "locate")
 
 
 @dataclasses.dataclass(frozen=True)
 class NormalizeParams:
-    """Params section ``normalize`` (see the comments in params.yaml)."""
+    """Params section ``normalize`` (see the comments in params.yaml) and the declared answer (``task``)."""
 
-    metrics: dict
+    keys: dict  # key field -> its normalizer: {kind: vocabulary|code|date|text, ...}
     units: dict
-    lines: list
-    line_prefixes: list
-    shifts: dict
     date_formats: list
+    evidence: str  # given | locate
+    value_decimals: int
+    value_rel_tol: float
+    value_abs_tol: float
+    duplicate_system_priority: list
+    answer: AnswerSchema | None = None  # set by normalize_params(); the section itself has no such key
+
+
+def normalize_params(path: Path | str = PARAMS) -> NormalizeParams:
+    """Params ``normalize`` with the answer schema of params ``task`` (whose key fields it normalizes)."""
+    from clap.params import raw_section
+
+    raw = raw_section("normalize", path)
+    if not isinstance(raw, dict) or "answer" in raw:
+        raise _bad("normalize must be a mapping (and has no key 'answer')", "normalize")
+    from clap.params import build
+
+    p = build(_Section, raw, where="normalize", file=path)
+    return NormalizeParams(**dataclasses.asdict(p), answer=load_answer_schema(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    keys: dict
+    units: dict
+    date_formats: list
+    evidence: str
     value_decimals: int
     value_rel_tol: float
     value_abs_tol: float
     duplicate_system_priority: list
 
 
+def _bad(message: str, column: str) -> ClapError:
+    return ClapError(message, file=PARAMS, column=column, rule="bad_params")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyNorm:
+    """The compiled normalizer of one key field (params ``normalize.keys.<name>``)."""
+
+    name: str
+    kind: str  # vocabulary | code | date | text
+    words: tuple[str, ...] = ()  # canonical words (vocabulary, code), in declared order
+    by_alias: Mapping[str, str] = dataclasses.field(default_factory=dict)  # label_key(alias) -> word
+    word_unit: Mapping[str, str] = dataclasses.field(default_factory=dict)  # vocabulary word -> its canonical unit
+    strip_affixes: bool = False  # vocabulary: remove value-bearing numbers around a label first
+    code_re: re.Pattern | None = None  # code: prefix word and number
+    code_format: str = ""  # code: canonical form, "{n}" the number
+
+
 @dataclasses.dataclass(frozen=True)
 class Vocab:
     """Lookup tables compiled once from :class:`NormalizeParams` (keys are :func:`label_key` forms)."""
 
-    metric_by_label: dict[str, str]
-    metric_unit: dict[str, str]
+    answer: AnswerSchema
+    keys: tuple[KeyNorm, ...]
     unit_by_variant: dict[str, tuple[str, float]]
-    lines: frozenset[str]
-    line_re: re.Pattern
-    shift_by_alias: dict[str, str]
     date_formats: tuple[str, ...]
+    evidence: str
     affix_prefix: re.Pattern
     affix_suffix: re.Pattern
     quote_number: re.Pattern
@@ -68,43 +119,103 @@ class Vocab:
     rel_tol: float
     abs_tol: float
 
+    def key(self, name: str) -> KeyNorm:
+        return next(k for k in self.keys if k.name == name)
+
+    @property
+    def unit_field(self) -> str | None:
+        """The answer's unit field (None: the answer has no unit)."""
+        return next((f.name for f in self.answer.fields if f.role == "unit"), None)
+
+    @property
+    def unit_of(self) -> str:
+        """The key field whose word decides the unit ("" when none does)."""
+        return next((f.of for f in self.answer.fields if f.role == "unit"), "")
+
+    @property
+    def value_type(self) -> str:
+        return self.answer.field(self.answer.value).type
+
 
 def answer_vocabularies(p: NormalizeParams) -> dict[str, list[str]]:
     """The canonical words of each vocabulary answer field (what constrained decoding may emit)."""
-    return {
-        "metric": list(p.metrics),
-        "line": list(p.lines),
-        "shift": list(p.shifts),
-        "unit": sorted({str(v[0]) for v in p.units.values()}),
-    }
+    vocab = build_vocab(p)
+    out = {k.name: list(k.words) for k in vocab.keys if k.kind in ("vocabulary", "code")}
+    if vocab.unit_field is not None:
+        out[vocab.unit_field] = sorted({u for u, _ in vocab.unit_by_variant.values()})
+    return out
 
 
-def metric_units(p: NormalizeParams) -> dict[str, str]:
-    """Each canonical metric's canonical unit (an answer's unit is its metric's)."""
-    return {m: str(spec["unit"]) for m, spec in p.metrics.items()}
+def key_units(p: NormalizeParams) -> dict[str, str]:
+    """Each word of the unit's ``of`` key field -> its canonical unit (an answer's unit is its key word's)."""
+    vocab = build_vocab(p)
+    return dict(vocab.key(vocab.unit_of).word_unit) if vocab.unit_of else {}
+
+
+def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
+    at = f"normalize.keys.{name}"
+    if not isinstance(decl, dict) or decl.get("kind") not in KEY_KINDS:
+        raise _bad(f"{at} must be a mapping with kind one of {list(KEY_KINDS)}", at)
+    kind = decl["kind"]
+    allowed = {
+        "vocabulary": {"kind", "words", "strip_value_affixes"},
+        "code": {"kind", "codes", "prefixes", "format"},
+        "date": {"kind"},
+        "text": {"kind"},
+    }[kind]
+    if set(decl) != allowed:
+        raise _bad(f"{at} (kind {kind}) must have exactly the keys {sorted(allowed)}", at)
+    if kind == "vocabulary":
+        by_alias: dict[str, str] = {}
+        word_unit: dict[str, str] = {}
+        if not isinstance(decl["words"], dict) or not decl["words"]:
+            raise _bad(f"{at}.words must map each canonical word to its aliases", f"{at}.words")
+        for word, spec in decl["words"].items():
+            word = str(word)
+            if isinstance(spec, dict):
+                if set(spec) - {"labels", "unit"} or "labels" not in spec:
+                    raise _bad(f"{at}.words.{word} must be a list of aliases or {{labels, unit}}", f"{at}.words.{word}")
+                aliases = spec["labels"]
+                if "unit" in spec:
+                    if spec["unit"] not in units:
+                        raise _bad(f"{at}.words.{word} has unit {spec['unit']!r}, which no unit variant maps to", f"{at}.words.{word}")
+                    word_unit[word] = str(spec["unit"])
+            else:
+                aliases = spec
+            for alias in [word, *(aliases or [])]:
+                if by_alias.setdefault(label_key(str(alias)), word) != word:
+                    raise _bad(f"alias {alias!r} names both {by_alias[label_key(str(alias))]!r} and {word!r}", f"{at}.words")
+        return KeyNorm(name, kind, tuple(str(w) for w in decl["words"]), by_alias, word_unit, bool(decl["strip_value_affixes"]))
+    if kind == "code":
+        if "{n}" not in str(decl["format"]):
+            raise _bad(f"{at}.format must contain {{n}} (the code's number)", f"{at}.format")
+        prefixes = "|".join(re.escape(label_key(x)) for x in sorted(decl["prefixes"], key=len, reverse=True))
+        code_re = re.compile(rf"(?:{prefixes})?\s*[-_.#]?\s*0*(\d+)" if prefixes else r"0*(\d+)")
+        return KeyNorm(name, kind, tuple(str(c) for c in decl["codes"]), code_re=code_re, code_format=str(decl["format"]))
+    return KeyNorm(name, kind)
 
 
 def build_vocab(p: NormalizeParams) -> Vocab:
-    """Compile the params vocabulary; contradictions (a label naming two metrics) raise ClapError."""
-    units = {label_key(k): (str(v[0]), float(v[1])) for k, v in p.units.items()}
-    metric_by_label: dict[str, str] = {}
-    for metric, spec in p.metrics.items():
-        if spec["unit"] not in {u for u, _ in units.values()}:
-            raise ClapError(f"metric {metric!r} has unit {spec['unit']!r}, which no unit variant maps to", file="params.yaml", column=f"normalize.metrics.{metric}", rule="bad_params")
-        for label in [metric, *spec["labels"]]:
-            key = label_key(label)
-            if metric_by_label.setdefault(key, metric) != metric:
-                raise ClapError(f"label {label!r} names both {metric_by_label[key]!r} and {metric!r}", file="params.yaml", column="normalize.metrics", rule="bad_params")
-    prefixes = "|".join(re.escape(label_key(x)) for x in sorted(p.line_prefixes, key=len, reverse=True))
+    """Compile the params vocabulary for the declared answer; contradictions raise ClapError naming params.yaml."""
+    if p.answer is None:
+        raise _bad("normalize params carry no answer declaration: load them with normalize_params()", "task")
+    answer = p.answer
+    units = {label_key(str(k)): (str(v[0]), float(v[1])) for k, v in p.units.items()}
+    if not isinstance(p.keys, dict) or set(p.keys) != set(answer.keys):
+        raise _bad(f"normalize.keys must declare a normalizer for exactly the answer's key fields {list(answer.keys)} (has {sorted(p.keys or [])})", "normalize.keys")
+    keys = tuple(_compile_key(k, p.keys[k], {u for u, _ in units.values()}) for k in answer.keys)
+    for k in keys:
+        if KEY_KINDS[k.kind] != answer.field(k.name).type:
+            raise _bad(f"normalize.keys.{k.name} is a {k.kind} normalizer but task.answer.{k.name} has type {answer.field(k.name).type}", f"normalize.keys.{k.name}")
+    if p.evidence not in EVIDENCE_MODES:
+        raise _bad(f"normalize.evidence must be one of {list(EVIDENCE_MODES)}", "normalize.evidence")
     unit_alt = _unit_alternation(units)
-    return Vocab(
-        metric_by_label=metric_by_label,
-        metric_unit={m: s["unit"] for m, s in p.metrics.items()},
+    vocab = Vocab(
+        answer=answer,
+        keys=keys,
         unit_by_variant=units,
-        lines=frozenset(p.lines),
-        line_re=re.compile(rf"(?:{prefixes})?\s*[-_.#]?\s*0*(\d+)"),
-        shift_by_alias={label_key(a): s for s, aliases in p.shifts.items() for a in [s, *aliases]},
         date_formats=tuple(p.date_formats),
+        evidence=p.evidence,
         affix_prefix=re.compile(rf"^(?:[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?\s*[:=|]?\s*)+", re.IGNORECASE),
         affix_suffix=re.compile(rf"(?:\s*[:=|]?\s*[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?)+$", re.IGNORECASE),
         quote_number=re.compile(rf"(?<![\w.,\-])(-?)(\d+(?:[.,]\d+)*)(?:\s*\(?\s*({unit_alt}))?", re.IGNORECASE),
@@ -112,6 +223,9 @@ def build_vocab(p: NormalizeParams) -> Vocab:
         rel_tol=float(p.value_rel_tol),
         abs_tol=float(p.value_abs_tol),
     )
+    if vocab.unit_of and not vocab.key(vocab.unit_of).word_unit:
+        raise _bad(f"task.answer's unit is decided by {vocab.unit_of!r}, but normalize.keys.{vocab.unit_of} gives its words no unit", f"normalize.keys.{vocab.unit_of}")
+    return vocab
 
 
 _NUM = r"[-+]?\d+(?:[.,]\d+)*"
@@ -119,8 +233,8 @@ _NUM = r"[-+]?\d+(?:[.,]\d+)*"
 
 def _unit_alternation(units: Mapping[str, tuple[str, float]]) -> str:
     """Regex alternation of unit variants; word units must end at a word boundary ("s" != "Scrap")."""
-    parts = [re.escape(u) + (r"\b" if u[-1].isalnum() else "") for u in sorted(units, key=len, reverse=True)]
-    return "|".join(parts)
+    parts = [re.escape(u) + (r"\b" if u[-1].isalnum() else "") for u in sorted(units, key=len, reverse=True) if u]
+    return "|".join(parts) or r"(?!)"
 
 
 # --------------------------------------------------------------------------- text
@@ -192,11 +306,6 @@ def strip_value_affixes(label: str, vocab: Vocab) -> str:
     return vocab.affix_suffix.sub("", text).strip()
 
 
-def canonical_metric(label: str, vocab: Vocab) -> str | None:
-    """Canonical metric name of a raw label, or None when the label is unknown."""
-    return vocab.metric_by_label.get(label_key(strip_value_affixes(label, vocab)))
-
-
 def canonical_unit(unit: str, vocab: Vocab) -> tuple[str, float] | None:
     """(canonical unit, factor) of a unit variant (canonical = raw x factor), None if unknown."""
     return vocab.unit_by_variant.get(label_key(unit))
@@ -219,16 +328,24 @@ def from_canonical(value: float, unit: str, vocab: Vocab) -> float:
     return value / found[1]
 
 
-def canonical_line(text: str, vocab: Vocab) -> str | None:
-    """``Line 3``, ``L-3``, ``l3``, ``LINE 03`` -> ``L3``; None if not a known line."""
-    m = vocab.line_re.fullmatch(label_key(text))
-    line = f"L{int(m.group(1))}" if m else None
-    return line if line in vocab.lines else None
+def canonical_key(name: str, text: Any, vocab: Vocab) -> str | None:
+    """The canonical form of a raw key field value under its declared normalizer; None if unreadable.
 
-
-def canonical_shift(text: str, vocab: Vocab) -> str | None:
-    """``Shift B``, ``b``, ``late`` -> ``B`` (aliases from params); None if unknown."""
-    return vocab.shift_by_alias.get(label_key(text))
+    vocabulary: the word an alias names (after stripping value-bearing affixes when declared);
+    code: ``format`` with the number after an optional prefix word ("Line 03", "L-3" -> ``L3``),
+    if it is one of ``codes``; date: ISO (:func:`parse_date`); text: cleaned, None when empty.
+    """
+    key, raw = vocab.key(name), _text(text)
+    if key.kind == "vocabulary":
+        label = strip_value_affixes(raw, vocab) if key.strip_affixes else raw
+        return key.by_alias.get(label_key(label))
+    if key.kind == "code":
+        m = key.code_re.fullmatch(label_key(raw)) if key.code_re else None
+        code = key.code_format.format(n=int(m.group(1))) if m else None
+        return code if code in key.words else None
+    if key.kind == "date":
+        return parse_date(raw, vocab)
+    return clean_text(raw) or None
 
 
 def parse_date(text: str, vocab: Vocab) -> str | None:
@@ -331,14 +448,27 @@ def quote_carries_value(quote: str, value: float, raw_value: float | None, vocab
     return False
 
 
-def evidence_status(quote: Any, body: str, value: float, raw_value: float | None, vocab: Vocab) -> tuple[str, str]:
+def carries_value(quote: str, value: Any, raw_value: float | None, vocab: Vocab) -> bool:
+    """The quote carries the gold value: a number value as :func:`quote_carries_value` reads it, a
+    text value as a case-insensitive substring of the cleaned quote."""
+    if vocab.value_type == "number":
+        return quote_carries_value(quote, float(value), raw_value, vocab)
+    needle = clean_text(str(value)).casefold()
+    return bool(needle) and needle in clean_text(quote).casefold()
+
+
+def _value_text(value: Any, vocab: Vocab) -> str:
+    return f"{value:g}" if vocab.value_type == "number" else repr(value)
+
+
+def evidence_status(quote: Any, body: str, value: Any, raw_value: float | None, vocab: Vocab) -> tuple[str, str]:
     """Judge one evidence quote against its cited document's body.
 
     Args:
         quote: the raw quote.
         body: the raw body of the cited document.
-        value: the gold value in canonical unit.
-        raw_value: the gold value as written (its raw unit), or None.
+        value: the gold value (a number in canonical unit, or the cleaned text value).
+        raw_value: a number value as written (its raw unit), or None.
         vocab: compiled params.
 
     Returns:
@@ -351,23 +481,62 @@ def evidence_status(quote: Any, body: str, value: float, raw_value: float | None
     clean_quote, clean_body = clean_text(quote), clean_text(body)
     if not clean_quote or clean_quote not in clean_body:
         return "evidence_not_verbatim", f"quote {quote[:80]!r} is not in the cited document even after Unicode/whitespace cleaning"
-    if not quote_carries_value(clean_quote, value, raw_value, vocab):
-        return "evidence_missing_value", f"quote {clean_quote[:80]!r} carries no number equal to {value:g}"
+    if not carries_value(clean_quote, value, raw_value, vocab):
+        return "evidence_missing_value", f"quote {clean_quote[:80]!r} does not carry the value {_value_text(value, vocab)}"
     if quote.strip() in body:
         return "ok", ""
     return "repaired", f"quote matched the document only after Unicode/whitespace cleaning: {quote[:80]!r}"
 
 
+def locate_evidence(ctx: list[str], kb_raw: Mapping[str, tuple[str, str]], value: Any, raw_value: float | None, vocab: Vocab) -> tuple[str, str, int]:
+    """The first sentence of the context (documents in order) that carries the value.
+
+    The sentences are the quotable ones of :func:`clap.task.prompt.context_sentences` (what
+    constrained decoding lets a model quote), of the cleaned bodies.
+
+    Returns:
+        (doc_id, quote, number of context documents with such a sentence: > 1 is ambiguous).
+
+    Raises:
+        ClapError: ``evidence_not_found`` when no sentence of the context carries it.
+    """
+    found = []
+    for doc in ctx:
+        body = clean_text(kb_raw[doc][1])
+        quote = next((q for q in context_sentences([(doc, body)]) if carries_value(q, value, raw_value, vocab)), None)
+        if quote is not None:
+            found.append((doc, quote))
+    if not found:
+        raise ClapError(f"no sentence of the context carries the value {_value_text(value, vocab)}", column="evidence", rule="evidence_not_found")
+    return found[0][0], found[0][1], len(found)
+
+
 # --------------------------------------------------------------------------- rows
 
-RECORD_COLUMNS = ["record_id", "source_system", "line", "shift", "date", "metric", "value", "unit", "text", "source_file", "source_line"]
-KB_COLUMNS = ["doc_id", "system", "record_ref", "title", "body", "line", "shift", "date"]
-ITEM_COLUMNS = [
-    "item_id", "split", "question", "question_type", "context_doc_ids", "metric", "value", "unit", "line", "shift", "date",
-    "evidence", "evidence_doc_id", "source_system", "input_hash", "source_file", "source_line",
-]  # fmt: skip
 REJECT_COLUMNS = ["artifact", "item_id", "rule", "action", "detail"]
 ITEM_ARTIFACTS = ("sft", "grpo", "eval", "replay")
+
+
+def _unit_cols(vocab: Vocab) -> list[str]:
+    return [vocab.unit_field] if vocab.unit_field else []
+
+
+def record_columns(vocab: Vocab) -> list[str]:
+    """Normalized records: one canonical fact each (key fields, value, unit by their answer names)."""
+    return ["record_id", "source_system", *vocab.answer.keys, "value", *_unit_cols(vocab), "text", "source_file", "source_line"]
+
+
+def kb_columns(vocab: Vocab) -> list[str]:
+    """Normalized documents, with the key fields of the record they describe (null if none)."""
+    return ["doc_id", "system", "record_ref", "title", "body", *vocab.answer.keys]
+
+
+def item_columns(vocab: Vocab) -> list[str]:
+    """Normalized question items: the canonical gold answer (every answer field) and where it came from."""
+    return [
+        "item_id", "split", "question", "question_type", "context_doc_ids", *vocab.answer.keys, "value", *_unit_cols(vocab),
+        "evidence", "evidence_doc_id", "source_system", "input_hash", "source_file", "source_line",
+    ]  # fmt: skip
 
 
 def _need(value: Any, rule: str, column: str, raw: Any) -> Any:
@@ -381,32 +550,43 @@ def _text(value: Any) -> str:
     return "" if is_missing(value) else str(value)
 
 
-def canonical_facts(raw: Mapping[str, Any], value: float, vocab: Vocab) -> dict[str, Any]:
-    """Canonical metric/value/unit/line/shift/date of one record or gold answer.
+def _key_rule(key: KeyNorm) -> str:
+    return {"date": "unparseable_", "text": "empty_"}.get(key.kind, "unknown_") + key.name
+
+
+def parse_gold_value(raw: Any, vocab: Vocab) -> Any:
+    """A gold or record value as read: a float for a number value, cleaned text for a text value."""
+    if vocab.value_type == "number":
+        return parse_value(raw)
+    return clean_text(_text(raw)) or None
+
+
+def canonical_facts(raw: Mapping[str, Any], value: Any, vocab: Vocab) -> dict[str, Any]:
+    """Canonical key fields, value and unit of one record or gold answer.
 
     Args:
-        raw: a row with ``metric_label, unit_raw, line_raw, shift_raw, date_raw``.
-        value: the raw value (in ``unit_raw``) as a float.
+        raw: a row with ``<key>_raw`` for every key field and ``unit_raw`` when the answer has a unit.
+        value: the value as read (:func:`parse_gold_value`; a number in ``unit_raw``).
         vocab: compiled params.
 
     Raises:
-        ClapError: with the row-level rule (``unknown_metric``, ``unknown_unit``,
-            ``unit_mismatch``, ``unknown_line``, ``unknown_shift``, ``unparseable_date``)
-            and the column.
+        ClapError: with the row-level rule (``unknown_<key>`` for a vocabulary or code key,
+            ``unparseable_<key>`` for a date, ``empty_<key>`` for text, ``unknown_unit``,
+            ``unit_mismatch``: the unit does not fit the word of the key that decides it) and the column.
     """
-    metric = _need(canonical_metric(_text(raw["metric_label"]), vocab), "unknown_metric", "metric_label", raw["metric_label"])
-    unit_raw = _text(raw["unit_raw"])
-    canon_unit = _need(canonical_unit(unit_raw, vocab), "unknown_unit", "unit_raw", raw["unit_raw"])[0]
-    if canon_unit != vocab.metric_unit[metric]:
-        raise ClapError(f"unit {unit_raw!r} ({canon_unit}) does not fit metric {metric} ({vocab.metric_unit[metric]})", column="unit_raw", rule="unit_mismatch")
-    return {
-        "metric": metric,
-        "value": to_canonical(value, unit_raw, vocab)[0],
-        "unit": canon_unit,
-        "line": _need(canonical_line(_text(raw["line_raw"]), vocab), "unknown_line", "line_raw", raw["line_raw"]),
-        "shift": _need(canonical_shift(_text(raw["shift_raw"]), vocab), "unknown_shift", "shift_raw", raw["shift_raw"]),
-        "date": _need(parse_date(_text(raw["date_raw"]), vocab), "unparseable_date", "date_raw", raw["date_raw"]),
-    }
+    facts = {k.name: _need(canonical_key(k.name, raw[f"{k.name}_raw"], vocab), _key_rule(k), f"{k.name}_raw", raw[f"{k.name}_raw"]) for k in vocab.keys}
+    facts["value"] = value
+    if vocab.unit_field:
+        unit_raw = _text(raw["unit_raw"])
+        canon_unit = _need(canonical_unit(unit_raw, vocab), "unknown_unit", "unit_raw", raw["unit_raw"])[0]
+        if vocab.unit_of:
+            want = vocab.key(vocab.unit_of).word_unit.get(facts[vocab.unit_of])
+            if canon_unit != want:
+                raise ClapError(f"unit {unit_raw!r} ({canon_unit}) does not fit {vocab.unit_of} {facts[vocab.unit_of]} ({want})", column="unit_raw", rule="unit_mismatch")
+        if vocab.value_type == "number":
+            facts["value"] = to_canonical(value, unit_raw, vocab)[0]
+        facts[vocab.unit_field] = canon_unit
+    return facts
 
 
 def _reject(artifact: str, item_id: Any, rule: str, action: str, detail: str) -> dict[str, Any]:
@@ -422,16 +602,16 @@ def normalize_records(records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame
     rows, rejects = [], []
     for raw in records.to_dict("records"):
         try:
-            facts = canonical_facts(raw, _need(parse_value(raw["value"]), "unparseable_value", "value", raw["value"]), vocab)
+            facts = canonical_facts(raw, _need(parse_gold_value(raw["value"], vocab), "unparseable_value", "value", raw["value"]), vocab)
         except ClapError as e:
             rejects.append(_reject_from("records", raw["record_id"], e))
             continue
         rows.append({**raw, **facts, "text": clean_text(_text(raw["text"]))})
-    return _frame(rows, RECORD_COLUMNS), rejects
+    return _frame(rows, record_columns(vocab), vocab), rejects
 
 
-def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[dict, str]:
-    """Normalize one question-log item and verify its evidence.
+def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[dict, str, int]:
+    """Normalize one question-log item and verify (or, with ``evidence: locate``, find) its evidence.
 
     Args:
         raw: an asset item row (contract columns).
@@ -439,48 +619,62 @@ def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]]
         vocab: compiled params.
 
     Returns:
-        (normalized row, repair detail or "" when the evidence was verbatim).
+        (normalized row, repair detail or "" when the evidence was verbatim, number of context
+        documents that carry the value when the evidence was located, else 0).
 
     Raises:
         ClapError: a row-level rejection (rule names why).
     """
-    value_raw = _need(parse_value(raw["value_raw"]), "unparseable_value", "value_raw", raw["value_raw"])
+    value_raw = _need(parse_gold_value(raw["value_raw"], vocab), "unparseable_value", "value_raw", raw["value_raw"])
     facts = canonical_facts(raw, value_raw, vocab)
+    number_raw = value_raw if vocab.value_type == "number" else None
     ctx = parse_doc_ids(raw["context_doc_ids"])
     unknown = [d for d in ctx if d not in kb_raw]
     if unknown:
         raise ClapError(f"context cites unknown documents {unknown}", column="context_doc_ids", rule="context_doc_unknown")
-    doc_id = _text(raw["evidence_doc_id"]).strip()
-    system, body = _need(kb_raw.get(doc_id), "evidence_doc_unknown", "evidence_doc_id", raw["evidence_doc_id"])
-    status, detail = evidence_status(raw["evidence"], body, facts["value"], value_raw, vocab)
+    located = 0
+    if vocab.evidence == "locate" and is_missing(raw["evidence"]) and is_missing(raw["evidence_doc_id"]):
+        doc_id, quote, located = locate_evidence(ctx, kb_raw, facts["value"], number_raw, vocab)
+        status, detail = "ok", ""
+    else:
+        doc_id, quote = _text(raw["evidence_doc_id"]).strip(), raw["evidence"]
+        status, detail = evidence_status(quote, _need(kb_raw.get(doc_id), "evidence_doc_unknown", "evidence_doc_id", raw["evidence_doc_id"])[1], facts["value"], number_raw, vocab)
     if status not in ("ok", "repaired"):
         raise ClapError(detail, column="evidence", rule=status)
     question = clean_text(_text(raw["question"]))
     _need(question or None, "empty_question", "question", raw["question"])
-    row = {**raw, **facts, "question": question, "context_doc_ids": json.dumps(ctx), "evidence": clean_text(str(raw["evidence"])),
-           "evidence_doc_id": doc_id, "source_system": system, "input_hash": input_hash(question), "question_type": clean_text(_text(raw["question_type"]))}  # fmt: skip
-    return row, detail if status == "repaired" else ""
+    row = {**raw, **facts, "question": question, "context_doc_ids": json.dumps(ctx), "evidence": clean_text(str(quote)),
+           "evidence_doc_id": doc_id, "source_system": kb_raw[doc_id][0], "input_hash": input_hash(question), "question_type": clean_text(_text(raw["question_type"]))}  # fmt: skip
+    return row, detail if status == "repaired" else "", located
 
 
-def normalize_items(items: pd.DataFrame, artifact: str, kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[pd.DataFrame, list[dict]]:
-    """Normalize every item of one question artifact; rejected and repaired rows are reported."""
+def normalize_items(items: pd.DataFrame, artifact: str, kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[pd.DataFrame, list[dict], dict[str, int]]:
+    """Normalize every item of one question artifact; rejected and repaired rows are reported.
+
+    Returns:
+        (items, rejects, counts ``evidence_located`` and ``evidence_located_ambiguous``: located quotes,
+        and those whose value more than one context document carries; the first in context order is taken).
+    """
     rows, rejects = [], []
+    counts = {"evidence_located": 0, "evidence_located_ambiguous": 0}
     for raw in items.to_dict("records"):
         try:
-            row, repair = normalize_item(raw, kb_raw, vocab)
+            row, repair, located = normalize_item(raw, kb_raw, vocab)
         except ClapError as e:
             rejects.append(_reject_from(artifact, raw["item_id"], e))
             continue
         if repair:
             rejects.append(_reject(artifact, raw["item_id"], "evidence_not_verbatim", "repaired", repair))
+        counts["evidence_located"] += located > 0
+        counts["evidence_located_ambiguous"] += located > 1
         rows.append(row)
-    return _frame(rows, ITEM_COLUMNS), rejects
+    return _frame(rows, item_columns(vocab), vocab), rejects, counts
 
 
-def _frame(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+def _frame(rows: list[dict], columns: list[str], vocab: Vocab) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns)
     if "value" in df:
-        df["value"] = df["value"].astype("float64")
+        df["value"] = df["value"].astype("float64" if vocab.value_type == "number" else "str")
     if "source_line" in df:
         df["source_line"] = df["source_line"].astype("int64")
     return df
@@ -498,8 +692,8 @@ def _drop_marked(df: pd.DataFrame, dup: pd.Series, artifact: str, id_col: str, r
     return df[~dup].reset_index(drop=True), rejects
 
 
-def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: list[str]) -> tuple[pd.DataFrame, list[dict]]:
-    """Keep one record per (line, shift, date, metric, value).
+def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: list[str], keys: Iterable[str]) -> tuple[pd.DataFrame, list[dict]]:
+    """Keep one record per fact: the same key fields (``keys``) and value.
 
     The kept copy is one a KB document describes (``documented`` record IDs: a synced copy
     in another system has no document of its own), then the one from the highest-priority
@@ -510,11 +704,11 @@ def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: li
     rank = {s: i for i, s in enumerate(priority)}
     order = records.assign(_doc=~records["record_id"].isin(set(documented)), _rank=records["source_system"].map(lambda s: rank.get(s, len(rank))))
     order = order.sort_values(["_doc", "_rank", "source_file", "source_line", "record_id"], kind="stable").drop(columns=["_doc", "_rank"])
-    key = ["line", "shift", "date", "metric", "value"]
+    key = [*keys, "value"]
     kept_system = order.groupby(key, sort=False)["source_system"].transform("first")
     kept_id = order.groupby(key, sort=False)["record_id"].transform("first")
     rule = (order["source_system"] == kept_system).map({True: "duplicate_within_system", False: "duplicate_across_systems"})
-    kept, rejects = _drop_marked(order, order.duplicated(key), "records", "record_id", rule, "same line/shift/date/metric/value as " + kept_id)
+    kept, rejects = _drop_marked(order, order.duplicated(key), "records", "record_id", rule, f"same {'/'.join(key)} as " + kept_id)
     return kept.sort_values(["source_file", "source_line", "record_id"], kind="stable").reset_index(drop=True), rejects
 
 
@@ -544,8 +738,8 @@ def remove_overlap(items: pd.DataFrame, held: pd.DataFrame, artifact: str, held_
 # --------------------------------------------------------------------------- knowledge base and batch
 
 
-def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame) -> tuple[pd.DataFrame, list[dict], dict[str, tuple[str, str]]]:
-    """Clean titles/bodies, keep the first row of a repeated doc_id, join line/shift/date from ``record_ref``.
+def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame, list[dict], dict[str, tuple[str, str]]]:
+    """Clean titles/bodies, keep the first row of a repeated doc_id, join the key fields from ``record_ref``.
 
     A document whose body is empty after cleaning is rejected (``empty_body``): it can be
     no one's evidence or context.
@@ -563,27 +757,17 @@ def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame) -> tuple[pd.DataFrame,
     empty = df["body"] == ""
     rejects = [_reject("kb", d, "empty_body", "rejected", "column body: empty after Unicode/whitespace cleaning") for d in df.loc[empty, "doc_id"]]
     df, dups = _drop_marked(df[~empty], df[~empty].duplicated("doc_id"), "kb", "doc_id", "duplicate_doc_id", "doc_id already used by an earlier document")
-    facts = records.drop_duplicates("record_id").set_index("record_id")[["line", "shift", "date"]]
+    facts = records.drop_duplicates("record_id").set_index("record_id")[list(vocab.answer.keys)]
     out = df.join(facts, on="record_ref")
     raw = {d: (s, b) for d, s, b in out[["doc_id", "system", "raw_body"]].itertuples(index=False)}
-    return out[KB_COLUMNS].reset_index(drop=True), rejects + dups, raw
+    return out[kb_columns(vocab)].reset_index(drop=True), rejects + dups, raw
 
 
-ASSET_ITEM_COLUMNS = [
-    "item_id", "split", "question", "question_type", "context_doc_ids", "metric_label", "value_raw", "unit_raw",
-    "line_raw", "shift_raw", "date_raw", "evidence", "evidence_doc_id", "source_file", "source_line",
-]  # fmt: skip
-ASSET_COLUMNS: dict[str, list[str]] = {
-    "records": ["record_id", "source_system", "line_raw", "shift_raw", "date_raw", "metric_label", "value", "unit_raw", "text", "source_file", "source_line"],
-    "kb": ["doc_id", "system", "record_ref", "title", "body", "source_file", "source_line"],
-    **{name: ASSET_ITEM_COLUMNS for name in ITEM_ARTIFACTS},
-}
-
-
-def load_assets(folder: Path) -> dict[str, pd.DataFrame]:
+def load_assets(folder: Path, answer: AnswerSchema) -> dict[str, pd.DataFrame]:
     """Read a batch's asset parquet files; a missing file or column raises ClapError naming it."""
+    cols = asset_columns(answer)
     frames = {}
-    for name, columns in ASSET_COLUMNS.items():
+    for name, columns in {"records": cols["records"], "kb": cols["kb"], **dict.fromkeys(ITEM_ARTIFACTS, cols["items"])}.items():
         path = Path(folder) / f"{name}.parquet"
         df = io.read_parquet(path)
         missing = [c for c in columns if c not in df.columns]
@@ -610,24 +794,25 @@ def normalize_batch(assets: Mapping[str, pd.DataFrame], p: NormalizeParams) -> N
     """
     vocab = build_vocab(p)
     records, rejects = normalize_records(assets["records"], vocab)
-    kb, found, kb_raw = normalize_kb(assets["kb"], records)
+    kb, found, kb_raw = normalize_kb(assets["kb"], records, vocab)
     rejects += found
-    records, found = dedup_records(records, kb["record_ref"].dropna(), list(p.duplicate_system_priority))
+    records, found = dedup_records(records, kb["record_ref"].dropna(), list(p.duplicate_system_priority), vocab.answer.keys)
     rejects += found
-    items = {}
+    items, located = {}, {}
     for name in ITEM_ARTIFACTS:
-        df, found = normalize_items(assets[name], name, kb_raw, vocab)
+        df, found, counts = normalize_items(assets[name], name, kb_raw, vocab)
         items[name], dups = dedup_items(df, name)
         rejects += found + dups
+        located.update({f"{name}_{k}": v for k, v in counts.items()})
     for name, held in (("sft", "eval"), ("sft", "replay"), ("grpo", "eval"), ("grpo", "replay"), ("replay", "eval")):
         items[name], found = remove_overlap(items[name], items[held], name, held)
         rejects += found
     frames = {"records": records, "kb": kb, **items}
     rej = pd.DataFrame(rejects, columns=REJECT_COLUMNS)
-    return NormalizeResult(frames, rej, {**batch_metrics(assets, frames, rej), **canonicalization_counts(assets, vocab)})
-
-
-_RAW_FIELDS = ("metric_label", "unit_raw", "line_raw", "shift_raw", "date_raw")
+    metrics = {**batch_metrics(assets, frames, rej), **canonicalization_counts(assets, vocab)}
+    if vocab.evidence == "locate":
+        metrics.update(located)
+    return NormalizeResult(frames, rej, metrics)
 
 
 def _is_lookalike(text: str) -> bool:
@@ -638,17 +823,22 @@ def _is_lookalike(text: str) -> bool:
 def canonicalization_counts(assets: Mapping[str, pd.DataFrame], vocab: Vocab) -> dict[str, int]:
     """Rows (records, sft, eval, replay) whose raw spelling normalize changed, per kind of change.
 
-    ``fixed_numeric_prefix`` (a value stripped from the metric label), ``fixed_unit_variant``
-    (a non-canonical unit), ``fixed_trailing_whitespace`` and ``fixed_unicode_lookalike``;
-    comparable with the demo generator's MANIFEST noise counts.
+    ``fixed_numeric_prefix`` (a value stripped from a vocabulary key label, for the keys declared
+    with ``strip_value_affixes``), ``fixed_unit_variant`` (a non-canonical unit),
+    ``fixed_trailing_whitespace`` and ``fixed_unicode_lookalike`` (over the raw key fields, the
+    unit and the question); comparable with the demo generator's MANIFEST noise counts.
     """
     counts = dict.fromkeys(("fixed_numeric_prefix", "fixed_unit_variant", "fixed_trailing_whitespace", "fixed_unicode_lookalike"), 0)
+    stripped = [k.name for k in vocab.keys if k.strip_affixes]
+    raw_fields = [f"{k}_raw" for k in vocab.answer.keys] + (["unit_raw"] if vocab.unit_field else [])
     for name in ("records", "sft", "eval", "replay"):
         for raw in assets[name].to_dict("records"):
-            fields = {k: _text(raw.get(k)) for k in (*_RAW_FIELDS, "question")}
-            label, unit = fields["metric_label"], canonical_unit(fields["unit_raw"], vocab)
-            counts["fixed_numeric_prefix"] += label_key(strip_value_affixes(label, vocab)) != label_key(label)
-            counts["fixed_unit_variant"] += unit is not None and fields["unit_raw"].strip() != unit[0]
+            fields = {k: _text(raw.get(k)) for k in (*raw_fields, "question")}
+            labels = [fields[f"{k}_raw"] for k in stripped]
+            counts["fixed_numeric_prefix"] += any(label_key(strip_value_affixes(x, vocab)) != label_key(x) for x in labels)
+            if vocab.unit_field:
+                unit = canonical_unit(fields["unit_raw"], vocab)
+                counts["fixed_unit_variant"] += unit is not None and fields["unit_raw"].strip() != unit[0]
             counts["fixed_trailing_whitespace"] += any(v != v.strip(" \t\r\n") for v in fields.values())
             counts["fixed_unicode_lookalike"] += any(_is_lookalike(v) for v in fields.values())
     return counts

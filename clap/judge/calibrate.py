@@ -42,7 +42,7 @@ import pandas as pd
 from clap import io
 from clap.chain.grounding import answer_space
 from clap.data.admission import AdmitParams, reason, training_data_checks
-from clap.data.normalize import NormalizeParams, build_vocab
+from clap.data.normalize import NormalizeParams, build_vocab, normalize_params
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, eval_params, evaluate
 from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
@@ -139,12 +139,12 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
         "detector": DetectorParams,
         "gate": GateParams,
         "admit": AdmitParams,
-        "normalize": NormalizeParams,
     }
     loop = LoopParams(
         **{name: params.section(name, cls, path) for name, cls in sections.items()},
         eval=eval_params(path),
         scoring=scoring_params(path),
+        normalize=normalize_params(path),
     )
     return params.section("calibrate", CalibrateParams, path), loop
 

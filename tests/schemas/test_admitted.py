@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
-from clap.data.normalize import input_hash
+from clap.data.normalize import build_vocab, input_hash, normalize_params
 from clap.errors import ClapError
-from schemas.admitted import AdmittedItems, AdmittedKB, AdmittedSet
+from schemas.admitted import AdmittedSet, admitted_items, admitted_kb
 from schemas.normalized import validate_frame
 
 ROLES = ["sft", "grpo", "eval", "probe", "replay"]
@@ -62,9 +64,10 @@ def test_admitted_items_and_kb_keep_the_normalized_rules():
         "evidence": ["OEE was 81.5 %"], "evidence_doc_id": ["KB-1"], "source_system": ["mes"], "input_hash": [input_hash(question)],
         "source_file": ["question_log.jsonl"], "source_line": [3],
     })  # fmt: skip
-    validate_frame(AdmittedItems, item, "eval.parquet")
-    with pytest.raises(ClapError, match="str_matches"):
-        validate_frame(AdmittedItems, item.assign(line="Line 3"), "eval.parquet")
+    vocab = build_vocab(normalize_params(Path(__file__).resolve().parents[2] / "params.yaml"))
+    validate_frame(admitted_items(vocab), item, "eval.parquet")
+    with pytest.raises(ClapError, match="isin"):
+        validate_frame(admitted_items(vocab), item.assign(line="Line 3"), "eval.parquet")
     doc = pd.DataFrame(
         {
             "doc_id": ["KB-1"],
@@ -72,11 +75,12 @@ def test_admitted_items_and_kb_keep_the_normalized_rules():
             "record_ref": ["SR-1"],
             "title": ["t"],
             "body": ["OEE was 81.5 %."],
+            "metric": ["oee"],
             "line": ["L3"],
             "shift": ["B"],
             "date": ["2026-03-14"],
         }
     )
-    validate_frame(AdmittedKB, doc, "kb.parquet")
+    validate_frame(admitted_kb(vocab), doc, "kb.parquet")
     with pytest.raises(ClapError, match="cleaned_text"):
-        validate_frame(AdmittedKB, doc.assign(body="OEE was 81.5 % "), "kb.parquet")
+        validate_frame(admitted_kb(vocab), doc.assign(body="OEE was 81.5 % "), "kb.parquet")

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pandera.pandas as pa
 import pytest
 
-from schemas.assets import EvalAsset, KbAsset, RecordsAsset, RejectsAsset, ReplayAsset, SftAsset
+from clap.task.answer import load_answer_schema
+from schemas.assets import asset_schemas
+
+_S = asset_schemas(
+    load_answer_schema(Path(__file__).resolve().parents[2] / "params.yaml")
+)  # the demo's declaration
+RecordsAsset, KbAsset, SftAsset, EvalAsset, ReplayAsset, RejectsAsset = (
+    _S[n] for n in ("records", "kb", "sft", "eval", "replay", "rejects")
+)
 
 SRC = {"source_file": "f.csv", "source_line": 2}
 RECORD = {
@@ -17,7 +26,7 @@ RECORD = {
     "line_raw": "L3 ",
     "shift_raw": "B",
     "date_raw": "14.03.2026",
-    "metric_label": "98,2% FPY",
+    "metric_raw": "98,2% FPY",
     "value": 98.2,
     "unit_raw": "%",
     "text": "",
@@ -30,7 +39,7 @@ ITEM = {
     "question": "FPY on L3?",
     "question_type": "direct",
     "context_doc_ids": '["KB-1", "KB-2"]',
-    "metric_label": "FPY",
+    "metric_raw": "FPY",
     "value_raw": "98,2",
     "unit_raw": "%",
     "line_raw": "L3",

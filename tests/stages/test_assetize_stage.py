@@ -17,7 +17,10 @@ import pandas as pd
 from conftest import run_stage, stage_params_dir
 
 from clap.demo import generate as demo
-from schemas.assets import SCHEMAS
+from clap.task.answer import load_answer_schema
+from schemas.assets import asset_schemas
+
+SCHEMAS = asset_schemas(load_answer_schema(Path(__file__).resolve().parents[2] / "params.yaml"))
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ from conftest import run_stage, stage_params_dir
 from clap import io, params
 from clap.data import assetize
 from clap.demo import generate as demo
+from clap.task.answer import load_answer_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = "2026-01"
@@ -31,7 +32,9 @@ def batch(tmp_path_factory) -> dict:
         tmp / "raw", BATCH, demo.generate_batch(BATCH, demo.load_params(ROOT / "params.yaml"))
     )
     assets = assetize.assetize_batch(
-        raw, params.section("assetize", assetize.AssetizeParams, ROOT / "params.yaml")
+        raw,
+        params.section("assetize", assetize.AssetizeParams, ROOT / "params.yaml"),
+        load_answer_schema(ROOT / "params.yaml"),
     ).assets
     for name, df in assets.items():
         io.write_parquet(tmp / "assets" / f"{name}.parquet", df)

@@ -8,12 +8,11 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_adapter, write_tiny_admitted
 
-from clap import params
 from clap.chain import chain as chain_mod
 from clap.chain.chain import Chain, ChainParams, build_index, load_chain
 from clap.chain.grounding import AnswerSpace, answer_space
 from clap.chain.retrieval import RetrievalParams
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.model.generate import Generation
 from clap.task.answer import load_answer_schema, parse_answer_schema
@@ -22,7 +21,7 @@ from clap.task.scoring import context_text, parse_answer
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = load_answer_schema(ROOT / "params.yaml")
-SPACE = answer_space(params.section("normalize", NormalizeParams, ROOT / "params.yaml"), SCHEMA)
+SPACE = answer_space(normalize_params(ROOT / "params.yaml"), SCHEMA)
 
 RP = RetrievalParams(
     k1=1.5,

@@ -185,7 +185,10 @@ def test_empty_and_bad_kb():
     with pytest.raises(ClapError, match="repeats doc_id"):
         KBIndex(pd.concat([KB, KB.head(1)]), RP)
     with pytest.raises(ClapError, match="lacks columns"):
-        KBIndex(KB.drop(columns=["date"]), RP)
+        KBIndex(KB.drop(columns=["title"]), RP)
+    # a knowledge base without key columns (another answer declaration): words and concepts only
+    plain = KBIndex(KB.drop(columns=["line", "shift", "date"]), RP)
+    assert plain.search("OEE line 2", 3)
 
 
 def test_params_section_is_valid_and_bad_values_refused():

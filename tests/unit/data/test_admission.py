@@ -13,14 +13,14 @@ import pytest
 
 from clap import params
 from clap.data.admission import AdmitParams, SplitSizes, admit_batch, perturbed_answers, select, select_splits
-from clap.data.normalize import NormalizeParams, build_vocab, input_hash
+from clap.data.normalize import build_vocab, input_hash, normalize_params
 from clap.errors import ClapError
 from clap.task.answer import AnswerSchema, gold_of, load_answer_schema, parse_answer_schema
 from clap.task.prompt import format_answer
 from clap.task.scoring import ScoringParams, parse_answer, reward, scoring_params
 
 ROOT = Path(__file__).resolve().parents[3]
-VOCAB = build_vocab(params.section("normalize", NormalizeParams, ROOT / "params.yaml"))
+VOCAB = build_vocab(normalize_params(ROOT / "params.yaml"))
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 SP = scoring_params(ROOT / "params.yaml")
 PERTURBATIONS = [

@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 from clap.data import assetize as A
 from clap.demo.render import csv_field
 from clap.params import section
+from clap.task.answer import load_answer_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "data" / "raw"
 BATCHES = sorted(p.name for p in RAW.iterdir() if p.is_dir()) if RAW.is_dir() else []
 P = section("assetize", A.AssetizeParams, ROOT / "params.yaml")
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 # noise kind (MANIFEST.json) -> the reject rules assetize gives it
 CAUGHT = {
     "duplicate_within_system": {"duplicate_id"},
@@ -142,7 +144,7 @@ def test_split_csv_skips_blank_lines_but_counts_them():
     ).filter(str.strip)
 )
 def test_mes_dates_are_kept_as_found(date_text):
-    spec = next(s for s in P.declared() if s.name == "mes")
+    spec = next(s for s in P.declared(ANSWER) if s.name == "mes")
     row = ["SR-1", date_text, "L3", "B", "Scrap Rate", "2,4", "%", ""]
     text = ";".join(spec.columns) + "\n" + ";".join(csv_field(f, ";") for f in row) + "\n"
     res = A.parse_file(spec, "mes_shift_reports.csv", text.encode("utf-8"), P, {})
@@ -154,7 +156,7 @@ def test_mes_dates_are_kept_as_found(date_text):
 
 @pytest.fixture(scope="module", params=BATCHES)
 def batch(request):
-    return request.param, A.assetize_batch(RAW / request.param, P)
+    return request.param, A.assetize_batch(RAW / request.param, P, ANSWER)
 
 
 def test_every_raw_row_lands_in_exactly_one_place(batch):

@@ -11,10 +11,12 @@ from clap.data import assetize as A
 from clap.demo.exports import CMMS, KB, MES, QLOG, QMS
 from clap.errors import ClapError
 from clap.params import raw_section
+from clap.task.answer import load_answer_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 DECLARED = raw_section("assetize", ROOT / "params.yaml")  # the demo's five sources, as declared
 PARAMS = A.AssetizeParams(**DECLARED)
+ANSWER = load_answer_schema(ROOT / "params.yaml")
 MES_HEAD = "report_id;shift_date;line;shift;kpi;value;uom;remark\n"
 CMMS_HEAD = "ticket_id,opened,line,shift,category,downtime_min,summary\r\n"
 GOLD = (
@@ -50,7 +52,7 @@ def make_batch(root: Path, **files: str | bytes | None) -> Path:
 
 
 def run(tmp_path: Path, **files):
-    return A.assetize_batch(make_batch(tmp_path, **files), PARAMS)
+    return A.assetize_batch(make_batch(tmp_path, **files), PARAMS, ANSWER)
 
 
 def raises(tmp_path: Path, rule: str, **files) -> ClapError:
@@ -81,14 +83,14 @@ def test_the_mini_batch_is_clean(tmp_path):
 
 def test_missing_batch_folder(tmp_path):
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(tmp_path / "nope", PARAMS)
+        A.assetize_batch(tmp_path / "nope", PARAMS, ANSWER)
     assert e.value.rule == "missing_batch" and e.value.file == tmp_path / "nope"
 
 
 def test_empty_batch_folder(tmp_path):
     (tmp_path / "2026-03").mkdir()
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(tmp_path / "2026-03", PARAMS)
+        A.assetize_batch(tmp_path / "2026-03", PARAMS, ANSWER)
     assert e.value.rule == "empty_batch"
 
 
@@ -96,7 +98,7 @@ def test_unexpected_file(tmp_path):
     batch = make_batch(tmp_path)
     (batch / "export.xlsx").write_bytes(b"PK")
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(batch, PARAMS)
+        A.assetize_batch(batch, PARAMS, ANSWER)
     assert e.value.rule == "unknown_file" and Path(e.value.file).name == "export.xlsx"
 
 
@@ -104,7 +106,7 @@ def test_file_in_an_unexpected_folder(tmp_path):
     (make_batch(tmp_path) / "old").mkdir()
     (tmp_path / "2026-03" / "old" / MES).write_text(GOOD[MES])  # globs see into folders: no source reads old/
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(tmp_path / "2026-03", PARAMS)
+        A.assetize_batch(tmp_path / "2026-03", PARAMS, ANSWER)
     assert e.value.rule == "unknown_file" and Path(e.value.file).parts[-2:] == ("old", MES)
 
 
@@ -148,7 +150,7 @@ def test_undecodable_bytes_name_the_offset(tmp_path):
 def test_unknown_encoding_in_params(tmp_path):
     sources = {**DECLARED["sources"], "mes": {**DECLARED["sources"]["mes"], "encodings": ["utf-9"]}}
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(make_batch(tmp_path), A.AssetizeParams(**{**DECLARED, "sources": sources}))
+        A.assetize_batch(make_batch(tmp_path), A.AssetizeParams(**{**DECLARED, "sources": sources}), ANSWER)
     assert e.value.rule == "bad_params"
 
 

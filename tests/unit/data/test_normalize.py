@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -14,11 +15,8 @@ from hypothesis import strategies as st
 from clap import io, params
 from clap.data.normalize import (
     CONFUSABLES,
-    NormalizeParams,
     build_vocab,
-    canonical_line,
-    canonical_metric,
-    canonical_shift,
+    canonical_key,
     clean_text,
     dates_in,
     decimal_readings,
@@ -28,6 +26,7 @@ from clap.data.normalize import (
     input_hash,
     load_assets,
     normalize_batch,
+    normalize_params,
     normalize_records,
     parse_date,
     parse_value,
@@ -37,7 +36,7 @@ from clap.data.normalize import (
 from clap.errors import ClapError
 
 ROOT = Path(__file__).resolve().parents[3]
-P = params.section("normalize", NormalizeParams, ROOT / "params.yaml")
+P = normalize_params(ROOT / "params.yaml")
 V = build_vocab(P)
 
 # --------------------------------------------------------------------------- text
@@ -81,7 +80,7 @@ def test_confusables_map_cyrillic_lookalikes_back_to_latin(text, rnd):
 
 # --------------------------------------------------------------------------- metric labels
 
-CANONICAL_LABELS = sorted({lbl for m, spec in P.metrics.items() for lbl in [m, *spec["labels"]]})
+CANONICAL_LABELS = sorted({lbl for m, spec in P.keys["metric"]["words"].items() for lbl in [m, *spec["labels"]]})
 numbers = st.builds(
     lambda v, d, comma: f"{v:.{d}f}".replace(".", "," if comma else "."),
     st.floats(0, 5000, allow_nan=False),
@@ -109,12 +108,12 @@ unit_tokens = st.sampled_from(["", " ", "%", " %", " pcs", " min", " h", " ppm",
     ],
 )
 def test_canonical_metric(label, metric):
-    assert canonical_metric(label, V) == metric
+    assert canonical_key("metric", label, V) == metric
 
 
 @pytest.mark.parametrize("label", ["Mystery KPI", "98.2%", "", "rate"])
 def test_unknown_labels_have_no_metric(label):
-    assert canonical_metric(label, V) is None
+    assert canonical_key("metric", label, V) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -127,7 +126,7 @@ def test_prefix_stripping_never_changes_a_canonical_label(label):
 @given(st.sampled_from(CANONICAL_LABELS), numbers, unit_tokens, st.booleans())
 def test_value_affixes_do_not_change_the_metric(label, number, unit, as_prefix):
     noisy = f"{number}{unit} {label}" if as_prefix else f"{label} {number}{unit}"
-    assert canonical_metric(noisy, V) == canonical_metric(label, V)
+    assert canonical_key("metric", noisy, V) == canonical_key("metric", label, V)
     assert strip_value_affixes(strip_value_affixes(noisy, V), V) == strip_value_affixes(noisy, V)
 
 
@@ -174,7 +173,7 @@ def test_unknown_unit_raises_with_rule():
     ],
 )
 def test_canonical_line(raw, line):
-    assert canonical_line(raw, V) == line
+    assert canonical_key("line", raw, V) == line
 
 
 @pytest.mark.parametrize(
@@ -182,7 +181,7 @@ def test_canonical_line(raw, line):
     [("Shift B", "B"), ("b", "B"), ("late", "B"), ("Early", "A"), ("NIGHT", "C"), ("C", "C"), ("D", None)],
 )
 def test_canonical_shift(raw, shift):
-    assert canonical_shift(raw, V) == shift
+    assert canonical_key("shift", raw, V) == shift
 
 
 @pytest.mark.parametrize(
@@ -296,7 +295,7 @@ def _rec(rid, system, line, shift, date, label, value, unit, n):
         line_raw=line,
         shift_raw=shift,
         date_raw=date,
-        metric_label=label,
+        metric_raw=label,
         value=value,
         unit_raw=unit,
         text=f"{label} {value}",
@@ -338,7 +337,7 @@ def _item(
         question=q,
         question_type="direct",
         context_doc_ids=json.dumps(list(ctx)),
-        metric_label=label,
+        metric_raw=label,
         value_raw=value,
         unit_raw=unit,
         line_raw=line,
@@ -462,10 +461,10 @@ def test_the_documented_copy_of_a_duplicate_is_kept():
         _rec("SR-7", "mes", "L2", "C", "2026-03-02", "Downtime", 45.0, "min", 4),
     ]
     records, _ = normalize_records(pd.DataFrame(rows), V)
-    kept, rejects = dedup_records(records, ["WO-7"], ["mes", "qms", "cmms"])
+    kept, rejects = dedup_records(records, ["WO-7"], ["mes", "qms", "cmms"], V.answer.keys)
     assert list(kept["record_id"]) == ["WO-7"]
     assert [(r["item_id"], r["rule"]) for r in rejects] == [("SR-7", "duplicate_across_systems")]
-    kept, _ = dedup_records(records, [], ["mes", "qms", "cmms"])  # no document: system priority decides
+    kept, _ = dedup_records(records, [], ["mes", "qms", "cmms"], V.answer.keys)  # no document: system priority decides
     assert list(kept["record_id"]) == ["SR-7"]
 
 
@@ -509,9 +508,10 @@ def test_normalize_is_deterministic_and_order_free():
 
 
 def test_conflicting_vocabulary_is_refused():
-    metrics = {**P.metrics, "oee": {"unit": "%", "labels": ["fpy"]}}
+    words = {**P.keys["metric"]["words"], "oee": {"unit": "%", "labels": ["fpy"]}}
+    keys = {**P.keys, "metric": {**P.keys["metric"], "words": words}}
     with pytest.raises(ClapError) as e:
-        build_vocab(NormalizeParams(**{**P.__dict__, "metrics": metrics}))
+        build_vocab(dataclasses.replace(P, keys=keys))
     assert e.value.rule == "bad_params" and "fpy" in str(e.value)
 
 
@@ -520,7 +520,7 @@ def test_params_with_a_missing_key_name_the_key(tmp_path):
     del raw["date_formats"]
     (tmp_path / "params.yaml").write_text(json.dumps({"normalize": raw}))
     with pytest.raises(ClapError) as e:
-        params.section("normalize", NormalizeParams, tmp_path / "params.yaml")
+        normalize_params(tmp_path / "params.yaml")
     assert e.value.rule == "missing_param" and e.value.column == "normalize.date_formats"
 
 
@@ -533,7 +533,7 @@ def test_missing_asset_file_names_it(tmp_path):
     _write_assets(tmp_path)
     (tmp_path / "kb.parquet").unlink()
     with pytest.raises(ClapError) as e:
-        load_assets(tmp_path)
+        load_assets(tmp_path, P.answer)
     assert e.value.rule == "missing_file" and str(e.value.file).endswith("kb.parquet")
 
 
@@ -541,7 +541,7 @@ def test_corrupt_asset_parquet_names_it(tmp_path):
     _write_assets(tmp_path)
     (tmp_path / "eval.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(ClapError) as e:
-        load_assets(tmp_path)
+        load_assets(tmp_path, P.answer)
     assert e.value.rule == "corrupt_parquet" and str(e.value.file).endswith("eval.parquet")
 
 
@@ -549,7 +549,7 @@ def test_asset_missing_a_column_names_it(tmp_path):
     _write_assets(tmp_path)
     io.write_parquet(tmp_path / "sft.parquet", tiny_assets()["sft"].drop(columns="evidence_doc_id"))
     with pytest.raises(ClapError) as e:
-        load_assets(tmp_path)
+        load_assets(tmp_path, P.answer)
     assert (e.value.rule, e.value.column) == ("missing_column", "evidence_doc_id") and str(
         e.value.file
     ).endswith("sft.parquet")

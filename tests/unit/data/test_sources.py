@@ -16,6 +16,7 @@ from clap.data import assetize as A
 from clap.data import sources as S
 from clap.errors import ClapError
 from clap.params import raw_section
+from clap.task.answer import load_answer_schema, parse_answer_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 TATQA = ROOT / "profiles" / "tatqa" / "source" / "tatqa_dataset_dev.json"
@@ -33,10 +34,9 @@ THIRD = {
         "unique": ["record_id"],
         "fields": {
             "record_id": "Fact No",
-            "line_raw": "Site",
-            "shift_raw": {"const": "-"},
-            "date_raw": "Period",
-            "metric_label": "Measure",
+            "site_raw": "Site",
+            "period_raw": "Period",
+            "measure_raw": "Measure",
             "value": {"from": "Amount", "type": "number"},
             "unit_raw": "Currency",
             "text": {"from": "Comment", "type": "optional_text"},
@@ -70,17 +70,33 @@ THIRD = {
             "question": "q.text",
             "question_type": {"const": "lookup"},
             "context_doc_ids": {"from": "cites", "type": "text_list"},
-            "metric_label": "a.measure",
+            "measure_raw": "a.measure",
             "value_raw": {"from": "a.amount", "type": "value"},
             "unit_raw": "a.currency",
-            "line_raw": "a.site",
-            "shift_raw": {"const": "-"},
-            "date_raw": "a.period",
+            "site_raw": "a.site",
+            "period_raw": "a.period",
             "evidence": "a.quote",
             "evidence_doc_id": {"template": "D-{a.fact}"},
         },
     },
 }
+
+
+# ... and its answer: another key-field set (a measure from a vocabulary, a site and a period as text)
+THIRD_TASK = {
+    "instruction": "Answer from the context only, as one JSON object with keys",
+    "answer": {
+        "measure": {"role": "key", "type": "vocabulary", "weight": 1.0},
+        "site": {"role": "key", "type": "text", "weight": 1.0},
+        "period": {"role": "key", "type": "text", "weight": 1.0},
+        "evidence": {"role": "evidence", "weight": 1.0},
+        "value": {"role": "value", "type": "number", "weight": 2.0},
+        "unit": {"role": "unit", "weight": 1.0},
+    },
+    "slice_columns": ["question_type"],
+}
+THIRD_ANSWER = parse_answer_schema(THIRD_TASK)
+DEMO_ANSWER = load_answer_schema(ROOT / "params.yaml")
 
 
 def params(sources: dict, **limits) -> A.AssetizeParams:
@@ -138,7 +154,7 @@ def write_third(batch: Path, facts_rows: list[list] | None = None) -> Path:
 
 
 def test_a_third_source_set_in_other_formats_needs_no_code(tmp_path):
-    res = A.assetize_batch(write_third(tmp_path / "b"), params(THIRD))
+    res = A.assetize_batch(write_third(tmp_path / "b"), params(THIRD), THIRD_ANSWER)
     m = A.batch_metrics(res)
     assert m["conservation_ok"] and m["rows_in"] == 3 + 2 + 3 and m["rows_rejected"] == 1
     rec = res.assets["records"].set_index("record_id")
@@ -159,9 +175,9 @@ def test_a_third_source_set_in_other_formats_needs_no_code(tmp_path):
 
 def test_a_declared_column_missing_from_the_sheet_names_file_row_and_column(tmp_path):
     batch = write_third(tmp_path / "b")
-    decl = {**THIRD, "erp": {**THIRD["erp"], "fields": {**THIRD["erp"]["fields"], "date_raw": "Month"}}}
+    decl = {**THIRD, "erp": {**THIRD["erp"], "fields": {**THIRD["erp"]["fields"], "period_raw": "Month"}}}
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(batch, params(decl))
+        A.assetize_batch(batch, params(decl), THIRD_ANSWER)
     assert (e.value.rule, e.value.column, e.value.row) == ("missing_column", "Month", 1)
     assert Path(e.value.file).as_posix().endswith("erp/facts-2026q1.xlsx")
 
@@ -170,7 +186,7 @@ def test_a_file_that_is_not_what_was_declared_is_a_file_level_error(tmp_path):
     batch = write_third(tmp_path / "b")
     (batch / "docs.parquet").write_text("key,fact\n", encoding="utf-8")
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(batch, params(THIRD))
+        A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
     assert e.value.rule == "wrong_shape" and "PAR1" in str(e.value)
 
 
@@ -178,7 +194,7 @@ def test_json_records_path_that_does_not_match_the_file(tmp_path):
     batch = write_third(tmp_path / "b")
     (batch / "questions.json").write_text(json.dumps([{"ref": "X-1"}]), encoding="utf-8")
     with pytest.raises(ClapError) as e:
-        A.assetize_batch(batch, params(THIRD))
+        A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
     assert (e.value.rule, e.value.column) == ("wrong_shape", "data") and "got [" in str(e.value)
 
 
@@ -205,7 +221,7 @@ def test_json_records_path_that_does_not_match_the_file(tmp_path):
 )
 def test_a_wrong_declaration_names_the_params_key(change, key, rule):
     with pytest.raises(ClapError) as e:
-        params({**THIRD, "erp": {**THIRD["erp"], **change}}).declared()
+        params({**THIRD, "erp": {**THIRD["erp"], **change}}).declared(THIRD_ANSWER)
     assert (e.value.file, e.value.column, e.value.rule) == (
         "params.yaml",
         f"assetize.sources.erp.{key}",
@@ -218,7 +234,7 @@ def test_the_same_id_in_two_files_of_one_source_is_a_duplicate(tmp_path):
     (batch / "erp" / "facts-2026q1.xlsx").rename(batch / "erp" / "a.xlsx")
     write_third(tmp_path / "c")
     (tmp_path / "c" / "erp" / "facts-2026q1.xlsx").rename(batch / "erp" / "b.xlsx")
-    res = A.assetize_batch(batch, params(THIRD))
+    res = A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
     dup = res.assets["rejects"].query("rule == 'duplicate_id'").to_dict("records")
     assert [(d["source_file"], d["record_id"]) for d in dup] == [("erp/b.xlsx", "F-1"), ("erp/b.xlsx", "F-2")]
     assert "erp/a.xlsx line 2" in dup[0]["detail"]
@@ -230,7 +246,7 @@ DEMO = raw_section("assetize", ROOT / "params.yaml")
 
 
 def demo_source(name: str) -> S.Source:
-    return next(s for s in A.AssetizeParams(**DEMO).declared() if s.name == name)
+    return next(s for s in A.AssetizeParams(**DEMO).declared(DEMO_ANSWER) if s.name == name)
 
 
 def read(name: str, file: str, data: bytes):
@@ -382,7 +398,7 @@ def test_tatqa_reports_read_as_declared_documents(tmp_path):
     batch = tmp_path / "b"
     batch.mkdir()
     (batch / "reports.json").write_bytes(TATQA.read_bytes())
-    res = A.assetize_batch(batch, params(TATQA_SOURCES))
+    res = A.assetize_batch(batch, params(TATQA_SOURCES), DEMO_ANSWER)
     contexts = json.loads(TATQA.read_text(encoding="utf-8"))
     kb = res.assets["kb"]
     assert A.batch_metrics(res)["conservation_ok"]

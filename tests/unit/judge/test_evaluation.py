@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_adapter, write_tiny_admitted
 
-from clap import io, params
+from clap import io
 from clap.chain.grounding import answer_space
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.judge.evaluation import (
     EvalParams,
@@ -36,7 +36,7 @@ from ..release.release_fixtures import sign_release
 REPO = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(REPO / "params.yaml")
 SP = ScoringParams(0.001, 0.01, ANSWER)
-SPACE = answer_space(params.section("normalize", NormalizeParams, REPO / "params.yaml"), ANSWER)
+SPACE = answer_space(normalize_params(REPO / "params.yaml"), ANSWER)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -8,11 +8,10 @@ import pandas as pd
 import pytest
 from conftest import make_tiny_adapter, write_tiny_admitted
 
-from clap import params
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import answer_space
 from clap.chain.retrieval import RetrievalParams
-from clap.data.normalize import NormalizeParams
+from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams
 from clap.judge.replay import (
@@ -33,7 +32,7 @@ from schemas.replay import ReplayPlot, ReplayRequests, ReplayTimings, replay_cas
 ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 SP = ScoringParams(0.001, 0.01, ANSWER)
-SPACE = answer_space(params.section("normalize", NormalizeParams, ROOT / "params.yaml"), ANSWER)
+SPACE = answer_space(normalize_params(ROOT / "params.yaml"), ANSWER)
 CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
