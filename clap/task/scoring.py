@@ -194,6 +194,13 @@ def normalize_text(value: Any) -> str | None:
     return out or None
 
 
+def text_in(value: Any, text: str) -> bool:
+    """A ``text`` value occurs in ``text``: its :func:`normalize_text` form is a substring of ``text``
+    folded the same way (NFKC, case-folded, single spaces); a blank value occurs nowhere."""
+    norm = normalize_text(value)
+    return norm is not None and norm in _fold(text)
+
+
 def value_close(pred: float, gold: float, p: ScoringParams) -> bool:
     """Equal within ``max(value_abs_tol, value_rel_tol * |gold|)``."""
     return abs(pred - gold) <= max(p.value_abs_tol, p.value_rel_tol * abs(gold))
@@ -227,8 +234,7 @@ def evidence_ok(
     if quote not in _squash(context):
         return False
     if p.answer.value_is_text:
-        gold_text = normalize_text(gold_value)
-        if gold_text is not None and gold_text in _fold(quote):
+        if text_in(gold_value, quote):
             return True
     elif any(value_close(v, gold_value, p) for v in numbers_in(quote)):  # type: ignore[arg-type]
         return True
@@ -264,7 +270,7 @@ def score_item(
         pred_norm = normalize_text(f.get(value))
         pred_value = value_text(f.get(value)) if pred_norm is not None else None
         correct[value] = pred_norm is not None and pred_norm == normalize_text(gold_value)
-        in_context = pred_norm is not None and pred_norm in _fold(context)
+        in_context = text_in(pred_norm, context)
     else:
         gold_value = float(gold[value])
         pred_value = to_number(f.get(value))
