@@ -8,7 +8,8 @@ in:  data/admitted/<b>/{eval,kb}.parquet; models/base; the candidate adapter (if
      (the answer space of constrained decoding)
 out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.parquet (latency),
      manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json (with the
-     free-decoding format diagnostic <role>_free_parse_rate under constrained decoding), its
+     free-decoding format diagnostic <role>_free_parse_rate under constrained decoding, and with
+     eval.answer_metric tatqa TAT-QA's <role>_em, <role>_f1, per slice value too), its
      provenance (items hash, versions, device, threads, incumbent batch, decoding) in records/eval/<b>.json
 """
 
@@ -41,7 +42,9 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
     specs = model_specs(adapter, incumbent)
     space = answer_space(normalize_params(), sp.answer)
     scored, timings, diagnostics = evaluate(specs, base, items, kb, ep, sp, space)
-    scored = validate_frame(eval_items(sp.answer), scored, str(out_dir / "items.parquet"))
+    scored = validate_frame(
+        eval_items(sp.answer, answer_metric=ep.answer_metric), scored, str(out_dir / "items.parquet")
+    )
     timings = validate_frame(EvalTimings, timings, str(out_dir / "timings.parquet"))
     with io.atomic_dir(out_dir) as tmp:
         io.write_parquet(tmp / "items.parquet", scored)

@@ -436,3 +436,16 @@ REPORT_ANSWER = {
     },
     "slice_columns": ["source_system"],
 }
+
+# A declared answer whose value is text (TAT-QA-shaped): a span of a financial report as it prints it
+# ("Fixed Price", "$1,496.5"), the report's scale as its unit, TAT-QA's answer type and source as slices.
+TEXT_ANSWER = {
+    "instruction": "Answer from the report only, as one JSON object with keys",
+    "answer": {
+        "row": {"role": "key", "type": "text", "weight": 1},
+        "evidence": {"role": "evidence", "weight": 1},
+        "value": {"role": "value", "type": "text", "weight": 3},
+        "scale": {"role": "unit", "weight": 1},
+    },
+    "slice_columns": ["question_type", "source_system"],
+}

@@ -28,7 +28,7 @@ from clap.io import logical_hash
 from clap.data.normalize import Vocab, evidence_status
 from clap.task.answer import AnswerSchema, gold_of
 from clap.task.prompt import format_answer
-from clap.task.scoring import context_text
+from clap.task.scoring import context_text, normalize_text, text_in
 
 RewardFn = Callable[[str, Mapping[str, Any], str], float]
 SPLITS = ("sft", "grpo", "eval", "probe", "replay")
@@ -182,24 +182,46 @@ def _other(value: str, options: Sequence[str]) -> str:
     return next((o for o in ordered if o > value), ordered[0] if ordered else "other")
 
 
-def _other_doc_quote(row: Mapping[str, Any], bodies: Mapping[str, str], vocab: Vocab) -> str:
-    """A quote from another document (the item's context first) that does not carry the value."""
+def _other_doc_quote(row: Mapping[str, Any], bodies: Mapping[str, str], vocab: Vocab, text_value: bool = False) -> str:
+    """A quote from another document (the item's context first) that does not carry the value (a text
+    value: whose body does not contain it, :func:`clap.task.scoring.text_in`)."""
     ctx = parse_doc_ids(row["context_doc_ids"])
     for doc in [*ctx, *sorted(bodies)]:
         body = bodies[doc]
-        if doc != row["evidence_doc_id"] and evidence_status(body, body, row["value"], None, vocab)[0] != "ok":
-            return body
+        if doc == row["evidence_doc_id"]:
+            continue
+        if text_in(row["value"], body) if text_value else evidence_status(body, body, row["value"], None, vocab)[0] == "ok":
+            continue
+        return body
     return ""
 
 
+def next_different_values(values: Sequence[Any]) -> list[str]:
+    """For each text value of a frame, the first value after it (in frame order, wrapping around) whose
+    :func:`clap.task.scoring.normalize_text` form differs; ``"other"`` when every value is the same."""
+    norms = [normalize_text(v) for v in values]
+    out = []
+    for i, norm in enumerate(norms):
+        later = (j % len(values) for j in range(i + 1, i + len(values)))
+        out.append(next((str(values[j]) for j in later if norms[j] != norm and norms[j] is not None), "other"))
+    return out
+
+
 def perturbed_answers(
-    row: Mapping[str, Any], schema: AnswerSchema, domain: Mapping[str, Sequence[str]], bodies: Mapping[str, str], vocab: Vocab
+    row: Mapping[str, Any],
+    schema: AnswerSchema,
+    domain: Mapping[str, Sequence[str]],
+    bodies: Mapping[str, str],
+    vocab: Vocab,
+    other_value: str = "other",
 ) -> dict[str, str]:
     """The K perturbed completions of one item, by perturbation name (``schema.perturbations``).
 
-    ``wrong_<value>`` (value moved by max(1, 10%)), ``wrong_<key>`` per key field (another value
-    seen in the batch; a date key: the next day), ``other_doc_<evidence>`` (a quote from another
-    document without the value), ``unparseable`` (truncated JSON).
+    ``wrong_<value>`` (a number: moved by max(1, 10%); a text value: ``other_value``, which
+    :func:`reward_table` sets to another admitted item's different value, :func:`next_different_values`),
+    ``wrong_<key>`` per key field (another value seen in the batch; a date key: the next day),
+    ``other_doc_<evidence>`` (a quote from another document without the value), ``unparseable``
+    (truncated JSON).
     """
     gold = gold_of(row, schema)
     ref = format_answer(gold, schema)
@@ -210,9 +232,11 @@ def perturbed_answers(
             return {**gold, key: (dt.date.fromisoformat(gold[key]) + dt.timedelta(days=1)).isoformat()}
         return {**gold, key: _other(gold[key], domain[key])}
 
-    built: dict[str, Any] = {f"wrong_{value}": {**gold, value: gold[value] + max(1.0, abs(gold[value]) * 0.1)}}
+    text = schema.value_is_text
+    wrong_value = other_value if text else gold[value] + max(1.0, abs(gold[value]) * 0.1)
+    built: dict[str, Any] = {f"wrong_{value}": {**gold, value: wrong_value}}
     built.update({f"wrong_{k}": wrong(k) for k in schema.keys})
-    built[f"other_doc_{evidence}"] = {**gold, evidence: _other_doc_quote(row, bodies, vocab)}
+    built[f"other_doc_{evidence}"] = {**gold, evidence: _other_doc_quote(row, bodies, vocab, text)}
     built["unparseable"] = ref[: len(ref) // 2]
     return {name: v if isinstance(v, str) else format_answer(v, schema) for name, v in built.items()}
 
@@ -223,9 +247,11 @@ def reward_table(
     """Rewards of the reference answer (column ``reference``) and of each perturbation, one row per item."""
     bodies = kb_bodies(kb)
     rows = []
-    for row in grpo.to_dict("records"):
+    records = grpo.to_dict("records")
+    others = next_different_values([r["value"] for r in records]) if schema.value_is_text else ["other"] * len(records)
+    for row, other in zip(records, others):
         gold, ctx = gold_of(row, schema), context_text(item_docs(row, bodies))
-        texts = {"reference": format_answer(gold, schema), **perturbed_answers(row, schema, domain, bodies, vocab)}
+        texts = {"reference": format_answer(gold, schema), **perturbed_answers(row, schema, domain, bodies, vocab, other)}
         rows.append({"item_id": row["item_id"], **{k: float(reward_fn(t, gold, ctx)) for k, t in texts.items()}})
     return pd.DataFrame(rows, columns=["item_id", "reference", *schema.perturbations])
 

@@ -366,12 +366,14 @@ def _fraction(row: Mapping, key: str, index: int) -> float:
     )
 
 
-def aggregate(rows: Iterable[Mapping]) -> dict[str, float | int]:
+def aggregate(rows: Iterable[Mapping], slice_keys: Sequence[str] = SLICE_KEYS) -> dict[str, float | int]:
     """Mean EM and F1 over scored rows, overall and per answer type and answer source.
 
     Args:
         rows: mappings with ``em`` and ``f1`` (in [0, 1], as :func:`score` returns them),
             ``answer_type`` and ``answer_from`` (non-empty strings).
+        slice_keys: the row keys to break down by instead of TAT-QA's ``answer_type`` and
+            ``answer_from`` (eval passes the declared answer's slice columns).
 
     Returns:
         Flat, JSON-serializable metrics: ``em``, ``f1`` (fractions, not percentages) and
@@ -385,12 +387,12 @@ def aggregate(rows: Iterable[Mapping]) -> dict[str, float | int]:
     f1s: list[float] = []
     members: dict[str, list[int]] = {}
     for index, row in enumerate(rows, start=1):
-        for key in ("em", "f1", *SLICE_KEYS):
+        for key in ("em", "f1", *slice_keys):
             if key not in row:
                 raise ClapError(f"scored row lacks {key!r}", row=index, column=key, rule="missing_column")
         ems.append(_fraction(row, "em", index))
         f1s.append(_fraction(row, "f1", index))
-        for key in SLICE_KEYS:
+        for key in slice_keys:
             value = row[key]
             if not isinstance(value, str) or not value.strip():
                 raise ClapError(

@@ -6,6 +6,12 @@ the items' own context, greedily (``clap.model.generate``); each answer is parse
 wrong, never dropped, so the pairing the gate relies on always holds. Timings are kept
 apart from the scored records: ``items.parquet`` is deterministic (the approval binds its
 hash), ``timings.parquet`` is not.
+
+With params ``eval.answer_metric: tatqa`` every answer is also scored by TAT-QA's exact match and
+numeracy-focused F1 (:mod:`clap.judge.answer_metric`): the predicted value with the predicted unit
+as its scale against the gold value and unit (the unit word ``none`` is TAT-QA's empty scale), per
+item in columns ``em`` and ``f1`` and per model in the metrics, overall and per slice value.
+They are reported beside clap's fields; the gate decides on clap's fields alone.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ from clap import io, params
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import AnswerSpace, Constrainer, check_decoding, constrainer_for
 from clap.errors import ClapError
-from clap.judge.scored import ROLES, TIMING_COLUMNS, scored_columns
+from clap.judge import answer_metric as tatqa
+from clap.judge.scored import ROLES, TIMING_COLUMNS, answer_metric_columns, scored_columns
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.generate import Generation, generate_batched
 from clap.release.registry import verify_pointer
-from clap.task.answer import AnswerSchema
+from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages
 from clap.task.scoring import ScoringParams, context_text, parse_answer, score_item
@@ -37,15 +44,18 @@ from clap.task.scoring import ScoringParams, context_text, parse_answer, score_i
 class EvalParams:
     """How answers are decoded: ``eval.batch_size`` prompts at a time (eval and replay), within the
     application chain's answer budget ``chain.max_new_tokens`` (one budget for eval, replay and
-    serving). Built from params.yaml by :func:`eval_params`."""
+    serving). ``eval.answer_metric`` (none | tatqa): TAT-QA's EM and F1 beside clap's fields (eval
+    only). Built from params.yaml by :func:`eval_params`."""
 
     batch_size: int
     max_new_tokens: int
     decoding: str
     free_diagnostic_items: int
+    answer_metric: str
 
     def __post_init__(self) -> None:
         check_decoding(self.decoding, "chain.decoding")
+        answer_metric_columns(self.answer_metric)  # raises on an unknown metric
         if self.free_diagnostic_items < 0:
             raise ClapError(
                 "eval.free_diagnostic_items must be >= 0",
@@ -68,13 +78,20 @@ class _EvalSection:
 
     batch_size: int
     free_diagnostic_items: int
+    answer_metric: str
 
 
 def eval_params(path: Path | str = params.DEFAULT_PATH) -> EvalParams:
-    """:class:`EvalParams` from params sections ``eval`` (batch size, the free-decoding diagnostic) and
-    ``chain`` (answer budget, decoding mode)."""
+    """:class:`EvalParams` from params sections ``eval`` (batch size, the free-decoding diagnostic, the
+    answer metric) and ``chain`` (answer budget, decoding mode)."""
     chain, section = params.section("chain", ChainParams, path), params.section("eval", _EvalSection, path)
-    return EvalParams(section.batch_size, chain.max_new_tokens, chain.decoding, section.free_diagnostic_items)
+    return EvalParams(
+        section.batch_size,
+        chain.max_new_tokens,
+        chain.decoding,
+        section.free_diagnostic_items,
+        section.answer_metric,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +203,7 @@ def score_generations(
             **{s: item[s] for s in schema.slices},
         }
         row.update(
-            gold_value=float(item[schema.value]),
+            gold_value=str(item[schema.value]) if schema.value_is_text else float(item[schema.value]),
             output=gen.text,
             parse_ok=parsed.ok,
             parse_error=parsed.error or "",
@@ -199,8 +216,51 @@ def score_generations(
         )
         rows.append(row)
     frame = pd.DataFrame(rows, columns=scored_columns(schema))
-    frame["pred_value"] = pd.to_numeric(frame["pred_value"], errors="coerce").astype("float64")
+    if schema.value_is_text:  # the predicted text, None where there is none
+        frame["pred_value"] = frame["pred_value"].astype(object).where(frame["pred_value"].notna(), None)
+    else:
+        frame["pred_value"] = pd.to_numeric(frame["pred_value"], errors="coerce").astype("float64")
     return frame
+
+
+def tatqa_scale(unit: Any) -> Any:
+    """A unit word as TAT-QA's scale: ``none`` (any case) and None are its empty scale ``""``; any other
+    value as it is (:func:`clap.judge.answer_metric.score` reads thousand, million, billion, percent)."""
+    if unit is None or (isinstance(unit, str) and unit.strip().casefold() == "none"):
+        return ""
+    return unit
+
+
+def with_answer_metric(scored: pd.DataFrame, items: pd.DataFrame, schema: AnswerSchema) -> pd.DataFrame:
+    """One model's scored rows with TAT-QA's ``em`` and ``f1`` per item (:func:`clap.judge.answer_metric.score`).
+
+    The prediction is the parsed value of the row's ``output`` (as the model wrote it: a number or a
+    string) with the predicted unit as its scale; the gold the item's value and unit. Without a
+    declared unit both scales are empty. A prediction that did not parse, or names no known scale,
+    scores (0, 0).
+
+    Raises:
+        ClapError: a gold unit that is not a TAT-QA scale (rule ``bad_gold``, naming the item).
+    """
+    unit = next((f.name for f in schema.fields if f.role == "unit"), None)
+    golds = items.to_dict("records")
+    ems, f1s = [], []
+    for output, pos in zip(scored["output"], scored["position"]):
+        gold = golds[int(pos)]
+        parsed = parse_answer(output, schema)
+        pred = parsed.fields.get(schema.value) if parsed.ok else None
+        pred_scale = tatqa_scale(parsed.fields.get(unit)) if unit else ""
+        gold_value = gold_of(gold, schema)[schema.value]
+        try:
+            em, f1 = tatqa.score(pred, gold_value, pred_scale, tatqa_scale(gold[unit]) if unit else "")
+        except ClapError as e:
+            raise ClapError(f"item {gold['item_id']}: {e.args[0]}", column=unit, rule=e.rule) from e
+        ems.append(em)
+        f1s.append(f1)
+    return scored.assign(
+        em=pd.Series(ems, index=scored.index, dtype="float64"),
+        f1=pd.Series(f1s, index=scored.index, dtype="float64"),
+    )
 
 
 def timing_rows(role: str, items: pd.DataFrame, gens: Sequence[Generation]) -> pd.DataFrame:
@@ -268,15 +328,17 @@ def evaluate(
 
     The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured.
     """
+    columns = scored_columns(sp.answer) + answer_metric_columns(p.answer_metric)
     if items.empty:
-        return pd.DataFrame(columns=scored_columns(sp.answer)), pd.DataFrame(columns=TIMING_COLUMNS), {}
+        return pd.DataFrame(columns=columns), pd.DataFrame(columns=TIMING_COLUMNS), {}
     docs = item_contexts(items, kb)
     chats = [build_messages(q, d, sp.answer) for q, d in zip(items["question"], docs)]
     contexts = [context_text(d) for d in docs]
     scored, timed, diagnostics, constrainers = [], [], {}, {}
     for spec in specs:
         gens, free_rate = generate_for(spec, base_dir, chats, docs, p, space, constrainers)
-        scored.append(score_generations(spec.role, items, gens, contexts, sp))
+        rows = score_generations(spec.role, items, gens, contexts, sp)
+        scored.append(with_answer_metric(rows, items, sp.answer) if p.answer_metric == "tatqa" else rows)
         timed.append(timing_rows(spec.role, items, gens))
         if free_rate is not None:
             diagnostics[f"{spec.role}_free_parse_rate"] = round(free_rate, 6)
@@ -329,7 +391,10 @@ def _speed(times: pd.DataFrame) -> dict[str, float]:
 def flat_metrics(
     scored: pd.DataFrame, timings: pd.DataFrame, specs: Sequence[ModelSpec], schema: AnswerSchema
 ) -> dict[str, Any]:
-    """Flat per-model metrics ``<role>_<metric>`` plus what was evaluated."""
+    """Flat per-model metrics ``<role>_<metric>`` plus what was evaluated.
+
+    A scored frame with TAT-QA's ``em`` and ``f1`` columns (params ``eval.answer_metric: tatqa``) adds
+    :func:`answer_metric_metrics`."""
     roles = {s.role: s for s in specs}
     out: dict[str, Any] = {f"has_{r}": int(r in roles) for r in ROLES[1:]}
     out["n_items"] = int(scored["item_id"].nunique()) if len(scored) else 0
@@ -337,4 +402,27 @@ def flat_metrics(
     for role in roles if len(scored) else ():
         rows, times = scored[scored["model"] == role], timings[timings["model"] == role]
         out.update({f"{role}_{k}": round(v, 6) for k, v in {**_rates(rows, schema), **_speed(times)}.items()})
+    if len(scored) and {"em", "f1"} <= set(scored.columns):
+        out.update(answer_metric_metrics(scored, [r for r in roles if r in set(scored["model"])], schema))
+    return out
+
+
+def answer_metric_metrics(scored: pd.DataFrame, roles: Sequence[str], schema: AnswerSchema) -> dict[str, Any]:
+    """TAT-QA's mean EM and F1 per model (:func:`clap.judge.answer_metric.aggregate`), named like the
+    other per-model metrics: ``<role>_em``, ``<role>_f1``, and per value of each slice column (the
+    answer's slices: its vocabulary key fields, then ``task.slice_columns``)
+    ``<role>_em.<column>=<value>`` and ``<role>_f1.<column>=<value>``, with the number of items
+    ``n_items.<column>=<value>`` (the same for every model)."""
+    slices = list(schema.slices)
+    out: dict[str, Any] = {}
+    for role in roles:
+        rows = scored[scored["model"] == role]
+        agg = tatqa.aggregate(rows[["em", "f1", *slices]].to_dict("records"), slices)
+        for key, value in agg.items():
+            if key == "n":
+                continue
+            if key.startswith("n."):
+                out[f"n_items.{key[2:]}"] = int(value)
+            else:
+                out[f"{role}_{key}"] = round(float(value), 6)
     return out

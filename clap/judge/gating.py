@@ -162,6 +162,9 @@ class GateResult:
     regressed: pd.DataFrame
     slices: list[dict[str, Any]]
     slice_columns: tuple[str, ...]  # the item columns results are broken down by (the answer's slices)
+    answer_metric: list[
+        dict[str, Any]
+    ]  # TAT-QA EM/F1 of baseline and candidate (:func:`answer_metric_table`)
 
 
 def choose_baseline(meta: Mapping[str, Any], p: GateParams) -> tuple[str, str]:
@@ -292,6 +295,34 @@ def paired_frame(scored: pd.DataFrame, candidate: str, baseline: str, slices: Se
             rule="unpaired_eval",
         )
     return c.join(b, rsuffix="_baseline").sort_values("position").reset_index()
+
+
+def answer_metric_table(
+    scored: pd.DataFrame, candidate: str, baseline: str, slices: Sequence[str]
+) -> list[dict[str, Any]]:
+    """TAT-QA's mean EM and F1 (eval's per-item ``em``/``f1``, params ``eval.answer_metric: tatqa``) of
+    the baseline and the candidate, over all items (slice ``all``) and per value of each slice column,
+    with the number of items; ``[]`` when eval did not score them. Reported only: no check reads it."""
+    if not {"em", "f1"} <= set(scored.columns):
+        return []
+    cols = ["item_id", *slices, "em", "f1"]
+    c = scored[scored["model"] == candidate][cols].set_index("item_id")
+    b = scored[scored["model"] == baseline][["item_id", "em", "f1"]].set_index("item_id")
+    pairs = c.join(b, rsuffix="_baseline")
+
+    def row(name: str, value: str, part: pd.DataFrame) -> dict[str, Any]:
+        return {
+            "slice": name,
+            "value": value,
+            "n": int(len(part)),
+            **{f"baseline_{m}": float(part[f"{m}_baseline"].astype(float).mean()) for m in ("em", "f1")},
+            **{f"candidate_{m}": float(part[m].astype(float).mean()) for m in ("em", "f1")},
+        }
+
+    rows = [row("all", "", pairs)]
+    for col in slices:
+        rows += [row(col, str(v), part) for v, part in pairs.groupby(col, sort=True)]
+    return rows
 
 
 def regressed_items(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -526,6 +557,7 @@ def run_gate(
         columns=["item_id", *slices, "output", "output_baseline"]
     )  # none without a candidate
     tested: list[dict[str, Any]] = []
+    metric_rows: list[dict[str, Any]] = []
     if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
         checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
     else:
@@ -542,9 +574,15 @@ def run_gate(
             slices_tested=len(tested),
             slices_regressed=sum(s["p_adjusted"] < p.slices.alpha for s in tested),
         )
+        metric_rows = answer_metric_table(scored, "candidate", baseline, slices)
+        if metric_rows:  # reported beside clap's fields; no check reads them
+            overall = metric_rows[0]
+            numbers.update(
+                {k: overall[k] for k in ("baseline_em", "candidate_em", "baseline_f1", "candidate_f1")}
+            )
     checks += extra_checks
     decision, rule = decide(checks)
-    return GateResult(decision, rule, checks, numbers, regressed, tested, tuple(slices))
+    return GateResult(decision, rule, checks, numbers, regressed, tested, tuple(slices), metric_rows)
 
 
 def flat_metrics(result: GateResult) -> dict[str, Any]:
@@ -605,6 +643,9 @@ def evidence_bundle(
             "regressed": [s for s in result.slices if s["p_adjusted"] < p.slices.alpha],
             "tests": list(result.slices),
         },
+        **(
+            {"answer_metric": {"name": "tatqa", "rows": result.answer_metric}} if result.answer_metric else {}
+        ),
     }
 
 
@@ -613,6 +654,29 @@ CHAIN_REPORTED = (
     ("core fields", "core_accuracy"),
     ("answer evidence", "answer_evidence_rate"),
 )
+
+
+def answer_metric_lines(evidence: Mapping[str, Any], baseline: str) -> list[str]:
+    """The report's TAT-QA EM/F1 table (baseline and candidate, overall and per slice value); none
+    when eval did not score them (params ``eval.answer_metric: none``)."""
+    rows = evidence.get("answer_metric", {}).get("rows", [])
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"TAT-QA exact match and numeracy-focused F1 (`eval.answer_metric: tatqa`), {baseline} → candidate. "
+        "Reported only: the gate's decision does not use them (clap's own fields decide).",
+        "",
+        "| slice | items | EM baseline | EM candidate | F1 baseline | F1 candidate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        name = "all items" if r["slice"] == "all" else f"{r['slice']} = {r['value']}"
+        lines.append(
+            f"| {name} | {r['n']} | {r['baseline_em']:.3f} | {r['candidate_em']:.3f} "
+            f"| {r['baseline_f1']:.3f} | {r['candidate_f1']:.3f} |"
+        )
+    return lines
 
 
 def render_report(evidence: Mapping[str, Any]) -> str:
@@ -652,6 +716,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
             f"- {s['slice']} = {s['value']}: b={s['b']}, c={s['c']} (of {s['n']}), p={s['pvalue']:.3g}, Holm-adjusted p={s['p_adjusted']:.3g}"
             for s in sl["regressed"]
         ]
+    lines += answer_metric_lines(evidence, n.get("baseline", "baseline"))
     chain = evidence.get("replay", {})
     if chain.get("A_run") and chain.get("B_run"):
         lines += [

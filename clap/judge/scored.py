@@ -17,6 +17,10 @@ from clap.errors import ClapError
 from clap.task.answer import AnswerSchema
 
 ROLES = ("base", "candidate", "incumbent")
+# params ``eval.answer_metric``: none, or TAT-QA's exact match and numeracy-focused F1
+# (:mod:`clap.judge.answer_metric`) beside clap's own fields, per item in the columns below
+ANSWER_METRICS = ("none", "tatqa")
+ANSWER_METRIC_COLUMNS = ("em", "f1")
 
 
 def scored_columns(schema: AnswerSchema) -> list[str]:
@@ -27,6 +31,18 @@ def scored_columns(schema: AnswerSchema) -> list[str]:
         + [f"{k}_correct" for k in schema.names]
         + ["pass", "overall", "hallucination", "wrong_fact", "new_tokens", "prompt_tokens"]
     )
+
+
+def answer_metric_columns(answer_metric: str) -> list[str]:
+    """The per-item columns params ``eval.answer_metric`` adds to a scored-items frame (none: none)."""
+    if answer_metric not in ANSWER_METRICS:
+        raise ClapError(
+            f"eval.answer_metric must be one of {list(ANSWER_METRICS)}, got {answer_metric!r}",
+            file="params.yaml",
+            column="eval.answer_metric",
+            rule="bad_params",
+        )
+    return [] if answer_metric == "none" else list(ANSWER_METRIC_COLUMNS)
 
 
 TIMING_COLUMNS = ["model", "item_id", "latency_ms", "batch_wall_ms", "batch_size", "batch_index"]

@@ -9,8 +9,9 @@ another document's evidence, an unparseable answer), and the slices the gate and
 
 Roles: ``key`` fields identify the fact (copied from the question; e.g. a metric, a line, a
 shift and a date, or a report's row and period; any names), ``evidence`` is a verbatim quote of
-the context that carries the value, ``value`` the fact itself (a number compared within the
-scoring tolerances), ``unit`` its unit (any name; optionally decided by a key field: ``of``). The
+the context that carries the value, ``value`` the fact itself (type ``number``: compared within
+the scoring tolerances; type ``text``: a string, e.g. a span of a report as it prints it, compared
+after :func:`clap.task.scoring.normalize_text`), ``unit`` its unit (any name; optionally decided by a key field: ``of``). The
 value and evidence fields are named ``value`` and ``evidence`` (items, scored rows and reports
 name them by their role). Types: ``vocabulary``
 (one of the words the answer space gives for the field), ``date`` (ISO ``YYYY-MM-DD``), ``text``
@@ -28,6 +29,7 @@ from clap.errors import ClapError
 
 ROLES = ("key", "evidence", "value", "unit")
 TYPES = ("vocabulary", "date", "text", "number")
+VALUE_TYPES = ("number", "text")  # the types a value may have
 PARAMS = "params.yaml"
 
 
@@ -72,6 +74,11 @@ class AnswerSchema:
     @property
     def value(self) -> str:
         return self._role("value")
+
+    @property
+    def value_is_text(self) -> bool:
+        """The value is declared ``type: text`` (a string), not a number."""
+        return self.field(self.value).type == "text"
 
     @property
     def evidence(self) -> str:
@@ -141,8 +148,8 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
             raise _bad(f"{at}.role {role!r} is not one of {list(ROLES)}", f"{at}.role")
         if kind not in TYPES:
             raise _bad(f"{at}.type {kind!r} is not one of {list(TYPES)}", f"{at}.type")
-        if role == "value" and kind != "number":
-            raise _bad(f"{at}: only number values are supported (type {kind!r})", f"{at}.type")
+        if role == "value" and kind not in VALUE_TYPES:
+            raise _bad(f"{at}: a value is of type {' or '.join(VALUE_TYPES)} (type {kind!r})", f"{at}.type")
         if role != "value" and kind == "number":
             raise _bad(
                 f"{at}: a {role} field is compared as a label: type vocabulary, date or text", f"{at}.type"
@@ -190,5 +197,7 @@ def load_answer_schema(path: Path | str = PARAMS) -> AnswerSchema:
 
 
 def gold_of(row: Mapping[str, Any], schema: AnswerSchema) -> dict[str, Any]:
-    """The reference answer of an item row (its answer fields; the value as a float)."""
-    return {k: (float(row[k]) if k == schema.value else str(row[k])) for k in schema.names}
+    """The reference answer of an item row (its answer fields; the value as a float, or as a str when
+    it is declared ``type: text``)."""
+    number = not schema.value_is_text
+    return {k: (float(row[k]) if k == schema.value and number else str(row[k])) for k in schema.names}

@@ -25,6 +25,9 @@ NO_CONTEXT = "(no documents retrieved)"
 # a calendar date in the canonical (ISO) form normalization writes
 DATE_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# the longest text value constrained decoding lets a model write (characters; TAT-QA's spans are far
+# shorter: it bounds a rambling answer, it is not a knob)
+TEXT_VALUE_MAX_CHARS = 200
 
 
 def context_sentences(docs: Sequence[tuple[str, str]] | None) -> list[str]:
@@ -45,7 +48,7 @@ def answer_json_schema(
     """The JSON schema of an answer, as constrained decoding enforces it.
 
     Every answer field, in order, is required and no other is allowed; the value is a JSON
-    number, a ``date`` field a calendar date in ISO form (one of ``dates`` when given: the dates
+    number (a ``text`` value: a JSON string of at most :data:`TEXT_VALUE_MAX_CHARS` characters), a ``date`` field a calendar date in ISO form (one of ``dates`` when given: the dates
     the context mentions), a ``vocabulary`` field one of ``vocabularies[field]``, the evidence
     one of ``quotes`` (the context's sentences, :func:`context_sentences`; None or empty: any
     string, as when there is no context), any other field a string. With ``units`` (each value of
@@ -66,6 +69,8 @@ def answer_json_schema(
             props[f.name] = {"type": "string", "enum": list(dict.fromkeys(quotes))}
         elif f.type == "number":
             props[f.name] = {"type": "number"}
+        elif f.role == "value":  # a text value
+            props[f.name] = {"type": "string", "maxLength": TEXT_VALUE_MAX_CHARS}
         elif f.type == "date" and dates:
             props[f.name] = {"type": "string", "enum": list(dict.fromkeys(dates))}
         elif f.type == "date":
@@ -122,13 +127,21 @@ def _num(v: float) -> int | float:
     return int(v) if float(v).is_integer() else round(float(v), 6)
 
 
+def _text(v: object) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"a text answer value must be a non-blank string, got {v!r}")
+    return v
+
+
 def format_answer(answer: Mapping[str, object], schema: AnswerSchema) -> str:
-    """Canonical JSON text of an answer (the declared key order, the value as a number)."""
+    """Canonical JSON text of an answer (the declared key order, the value as a number, or as a
+    JSON string when it is declared ``type: text``)."""
     missing = [k for k in schema.names if k not in answer]
     if missing:
         raise ValueError(f"answer is missing fields {missing}")
     obj = {k: answer[k] for k in schema.names}
-    obj[schema.value] = _num(obj[schema.value])  # type: ignore[arg-type]
+    value = obj[schema.value]
+    obj[schema.value] = _text(value) if schema.value_is_text else _num(value)  # type: ignore[arg-type]
     return json.dumps(obj, ensure_ascii=False)
 
 

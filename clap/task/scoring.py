@@ -6,6 +6,11 @@ wrong on every field, so it is counted, never dropped. ``score_item`` decides ea
 ``pass`` (every field right), ``overall`` (weighted field score, the GRPO reward and admit's
 reward margin via :func:`reward`), ``hallucination`` (the predicted value occurs nowhere in
 the provided context) and ``wrong_fact`` (it occurs in the context but is not the answer).
+
+A ``number`` value is compared within the ``scoring`` tolerances and found in the context as a
+number; a ``text`` value (params ``task.answer.value.type: text``) is compared after
+:func:`normalize_text` and found in the context as a substring of the context folded the same way
+(NFKC, case-folded, whitespace collapsed).
 """
 
 from __future__ import annotations
@@ -150,6 +155,52 @@ def to_number(value: Any) -> float | None:
     return None
 
 
+# text values: what surrounds a value without being part of it (sentence punctuation and quotes; not
+# brackets, "%", "$" or "-": "(2,345)" is a negative and "12%" a percentage in a financial report)
+_EDGE_PUNCTUATION = ".,;:!?\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb "
+_LEADING_ARTICLE = re.compile(r"^(?:a|an|the) ")
+
+
+def _fold(text: str) -> str:
+    """NFKC, case-folded (then NFKC again: case folding can leave a non-NFKC sequence), single spaces."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return " ".join(folded.split())
+
+
+def value_text(value: Any) -> str | None:
+    """A predicted ``text`` value as text: a string, or a finite number as JSON writes it; else None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return json.dumps(value)
+    return None
+
+
+def normalize_text(value: Any) -> str | None:
+    """The form a ``text`` value is compared in; None for a value that is not text or is blank.
+
+    NFKC, case-folded, whitespace runs as one space, then, until nothing changes, the sentence
+    punctuation and quotes around it (``. , ; : ! ?`` and straight and curly quotes) and one leading
+    article ("a", "an", "the") stripped: ``" The  'Fixed Price'."`` -> ``"fixed price"``. Brackets,
+    signs, "%" and currency symbols are kept (``"(2,345)"`` stays a negative). Idempotent.
+    """
+    text = value_text(value)
+    if text is None:
+        return None
+    out, before = _fold(text), None
+    while out != before:
+        before = out
+        out = _LEADING_ARTICLE.sub("", _fold(out.strip(_EDGE_PUNCTUATION)))
+    return out or None
+
+
+def text_in(value: Any, text: str) -> bool:
+    """A ``text`` value occurs in ``text``: its :func:`normalize_text` form is a substring of ``text``
+    folded the same way (NFKC, case-folded, single spaces); a blank value occurs nowhere."""
+    norm = normalize_text(value)
+    return norm is not None and norm in _fold(text)
+
+
 def value_close(pred: float, gold: float, p: ScoringParams) -> bool:
     """Equal within ``max(value_abs_tol, value_rel_tol * |gold|)``."""
     return abs(pred - gold) <= max(p.value_abs_tol, p.value_rel_tol * abs(gold))
@@ -168,18 +219,24 @@ def _squash(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
-def evidence_ok(pred: Any, gold_value: float, gold_evidence: str, context: str, p: ScoringParams) -> bool:
+def evidence_ok(
+    pred: Any, gold_value: float | str, gold_evidence: str, context: str, p: ScoringParams
+) -> bool:
     """The quote is verbatim in the context and carries the value.
 
-    It carries the value when it holds a number equal to the gold value, or contains the
-    gold evidence quote (whose value may be written in another unit, e.g. hours).
+    It carries the value when it holds a number equal to the gold value (a ``text`` value: the
+    quote, folded, contains the normalized gold text), or contains the gold evidence quote (whose
+    value may be written in another unit, e.g. hours).
     """
     if not isinstance(pred, str) or not _squash(pred):
         return False
     quote = _squash(pred)
     if quote not in _squash(context):
         return False
-    if any(value_close(v, gold_value, p) for v in numbers_in(quote)):
+    if p.answer.value_is_text:
+        if text_in(gold_value, quote):
+            return True
+    elif any(value_close(v, gold_value, p) for v in numbers_in(quote)):  # type: ignore[arg-type]
         return True
     gold_quote = _squash(gold_evidence or "")
     return bool(gold_quote) and gold_quote in quote
@@ -192,25 +249,38 @@ def score_item(
 
     Args:
         parsed: output of :func:`parse_answer`.
-        gold: the gold answer (every answer field; the value a number in the canonical unit).
+        gold: the gold answer (every answer field; the value a number in the canonical unit, or
+            a string for a ``text`` value).
         context: the provided context as :func:`context_text` renders it ("" for no RAG).
         p: scoring params; ``p.answer`` the declared answer: labels compare case-folded, the
-            value within the tolerances, the evidence verbatim in the context and carrying the value.
+            value within the tolerances (a ``text`` value: equal after :func:`normalize_text`), the
+            evidence verbatim in the context and carrying the value.
 
     Returns:
         ``parse_ok``, ``<field>_correct`` for every answer field, ``pass``, ``overall`` in
-        [0, 1] (the declared weights), ``hallucination``, ``wrong_fact`` and ``pred_value``.
+        [0, 1] (the declared weights), ``hallucination``, ``wrong_fact`` and ``pred_value`` (a
+        float, or the predicted text for a ``text`` value; None when there is none).
     """
     f, schema = (parsed.fields if parsed.ok else {}), p.answer
     value, evidence = schema.value, schema.evidence
-    gold_value = float(gold[value])
-    pred_value = to_number(f.get(value))
     correct = {k: _label(f.get(k)) is not None and _label(f.get(k)) == _label(gold[k]) for k in schema.labels}
-    correct[value] = pred_value is not None and value_close(pred_value, gold_value, p)
+    pred_value: float | str | None
+    if schema.value_is_text:
+        gold_value: float | str = str(gold[value])
+        pred_norm = normalize_text(f.get(value))
+        pred_value = value_text(f.get(value)) if pred_norm is not None else None
+        correct[value] = pred_norm is not None and pred_norm == normalize_text(gold_value)
+        in_context = text_in(pred_norm, context)
+    else:
+        gold_value = float(gold[value])
+        pred_value = to_number(f.get(value))
+        correct[value] = pred_value is not None and value_close(pred_value, gold_value, p)
+        in_context = pred_value is not None and any(
+            value_close(pred_value, v, p) for v in numbers_in(context)
+        )
     correct[evidence] = evidence_ok(f.get(evidence), gold_value, str(gold.get(evidence) or ""), context, p)
     weights = schema.weights
     overall = sum(weights[k] * correct[k] for k in schema.names) / sum(weights.values())
-    in_context = pred_value is not None and any(value_close(pred_value, v, p) for v in numbers_in(context))
     wrong_value = pred_value is not None and not correct[value]
     out: dict[str, Any] = {f"{k}_correct": bool(correct[k]) for k in schema.names}
     out.update(

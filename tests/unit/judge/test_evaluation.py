@@ -112,7 +112,9 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         batch["base"],
         items,
         kb,
-        EvalParams(batch_size=2, max_new_tokens=6, decoding="free", free_diagnostic_items=0),
+        EvalParams(
+            batch_size=2, max_new_tokens=6, decoding="free", free_diagnostic_items=0, answer_metric="none"
+        ),
         SP,
         SPACE,
     )
@@ -174,7 +176,7 @@ def test_empty_eval_set_needs_no_model(tmp_path):
         tmp_path / "no-model",
         pd.DataFrame(columns=["item_id"]),
         pd.DataFrame(),
-        EvalParams(2, 4, "free", 0),
+        EvalParams(2, 4, "free", 0, "none"),
         SP,
         SPACE,
     )

@@ -39,7 +39,9 @@ CP = ChainParams(
     decoding="free",
     retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
 )
-RPARAMS = EvalParams(batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0)
+RPARAMS = EvalParams(
+    batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
+)
 LP = LatencyParams(requests=3, warmup=1, seed=3)  # 3 of the 4 tiny cases timed, the 4th warms up
 
 
@@ -178,4 +180,6 @@ def test_empty_replay_runs_nothing():
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="eval.batch_size"):
-        EvalParams(batch_size=0, max_new_tokens=5, decoding="free", free_diagnostic_items=0)
+        EvalParams(
+            batch_size=0, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
+        )

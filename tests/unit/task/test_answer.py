@@ -105,7 +105,7 @@ BAD = [
     (_with(("answer", "line", "weight"), True), "task.answer.line.weight"),
     (_with(("answer", "line", "role"), "colour"), "task.answer.line.role"),
     (_with(("answer", "line", "type"), "color"), "task.answer.line.type"),
-    (_with(("answer", "value", "type"), "text"), "task.answer.value.type"),  # only number values
+    (_with(("answer", "value", "type"), "date"), "task.answer.value.type"),  # a value is a number or text
     (_with(("answer", "line", "type"), "number"), "task.answer.line.type"),  # keys compare as labels
     (_renamed("value", "amount"), "task.answer.amount"),  # the value field is named "value"
     (_renamed("evidence", "quote"), "task.answer.quote"),  # the evidence field is named "evidence"
