@@ -128,10 +128,14 @@ class Analyzer:
         self.shift_of.update({s.lower(): s.lower() for s in p.shift_words})
         letters = "".join(sorted(s.lower() for s in p.shift_words))
         words = "|".join(re.escape(w) for w in sorted(self.shift_of, key=len, reverse=True) if len(w) > 1)
-        self.shift_patterns = [
-            re.compile(rf"\bshift\s*\(?\s*([{letters}])\b"),  # "shift B", "shift (c)"
-            re.compile(rf"\b([{letters}])\s*-?\s*shift\b"),  # "B shift", "a-shift"
-        ] + ([re.compile(rf"\b({words})\s+shift\b")] if words else [])  # "late shift"
+        self.shift_patterns = (
+            [
+                re.compile(rf"\bshift\s*\(?\s*([{letters}])\b"),  # "shift B", "shift (c)"
+                re.compile(rf"\b([{letters}])\s*-?\s*shift\b"),  # "B shift", "a-shift"
+            ]
+            if letters  # no shift words declared: a knowledge base without shifts
+            else []
+        ) + ([re.compile(rf"\b({words})\s+shift\b")] if words else [])  # "late shift"
 
     def scan(self, text: str) -> tuple[set[str], list[str], str]:
         """(entity terms, concept terms, the folded text with every matched span blanked out)."""

@@ -46,6 +46,7 @@ RULES = (
     "bad_json",
     "broken_quoting",
     "duplicate_id",
+    "excluded",
     "field_count",
     "missing_field",
     "unknown_split",
@@ -563,6 +564,10 @@ def _raw_id(src: Source, row: Row) -> str | None:
 
 def map_row(src: Source, node: Node) -> dict[str, Any]:
     """The asset row of one element; the first problem raises :class:`RowProblem`."""
+    for path, kept in src.only:
+        present, v = lookup(node, path)
+        if not present or v not in kept:
+            raise RowProblem("excluded", path, f"{path} is {shorten(v)}: the declaration keeps only {list(kept)}")
     row = {c: _field(src, spec, node) for c, spec in src.fields.items()}
     if src.target == "records":
         row["source_system"] = src.name

@@ -453,7 +453,7 @@ def carries_value(quote: str, value: Any, raw_value: float | None, vocab: Vocab)
     text value as a case-insensitive substring of the cleaned quote."""
     if vocab.value_type == "number":
         return quote_carries_value(quote, float(value), raw_value, vocab)
-    needle = clean_text(str(value)).casefold()
+    needle = clean_text(str(value)).casefold().rstrip(".!?;:").strip()  # a quote drops its final punctuation
     return bool(needle) and needle in clean_text(quote).casefold()
 
 

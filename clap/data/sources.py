@@ -13,7 +13,9 @@ declaration, TAT-QA's report format another.
 
 Paths: ``a.b.c`` walks nested objects, ``^`` steps to the enclosing element of an exploded list
 (``^.table.uid`` from a question of a TAT-QA context is that context's table uid), ``#`` is the
-element's 0-based position in its list. A records path ending a segment in ``[*]`` explodes a
+element's 0-based position in its list, a number picks a list's element (``answer.0``). A source may
+keep only rows whose value at a path is one of a list (``only: {answer_type: [span]}``): any other row
+is an ``excluded`` reject, so the declaration, not the code, says what a source contributes. A records path ending a segment in ``[*]`` explodes a
 list: ``[*].questions[*]`` yields every question of every context.
 """
 
@@ -96,6 +98,7 @@ class Source:
     records: str = ""  # json: the records path ("[*]": the top-level array)
     sheet: str = ""  # xlsx: the sheet name
     table: TableSpec | None = None
+    only: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (path, kept values): other rows are `excluded` rejects
 
     def where(self, key: str = "") -> str:
         return f"assetize.sources.{self.name}" + (f".{key}" if key else "")
@@ -199,7 +202,7 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
             decl,
             where,
             {"files", "format", "target", "id", "unique", "fields"} | opts[fmt],
-            {"columns", "table"},
+            {"columns", "table", "only"},
         )
         target = decl["target"]
         if target not in TARGETS:
@@ -251,6 +254,11 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
             if fmt not in ("csv", "xlsx", "parquet"):
                 raise _bad(f"{where}.columns applies to csv, xlsx and parquet sources", f"{where}.columns")
             kw["columns"] = tuple(decl["columns"])
+        if "only" in decl:
+            only = decl["only"]
+            if not isinstance(only, dict) or not only or not all(isinstance(v, list) and v for v in only.values()):
+                raise _bad(f"{where}.only must map paths to the non-empty list of values a kept row has", f"{where}.only")
+            kw["only"] = tuple((str(k), tuple(v)) for k, v in only.items())
         if "table" in decl:
             t = _keys(decl["table"], f"{where}.table", {"cells", "header_rows"})
             if target != "documents" or fmt not in ("json", "jsonl"):
@@ -322,6 +330,11 @@ def lookup(node: Node, path: str) -> tuple[bool, Any]:
             continue
         if part == "#":
             return True, cur.index if cur is not None else 0
+        if part.isdigit() and isinstance(value, list):  # a list element by its 0-based position
+            if int(part) >= len(value):
+                return False, None
+            value, cur = value[int(part)], None
+            continue
         if not isinstance(value, dict):
             prefix = ".".join(parts[:k]) or "<row>"
             raise RowProblem("wrong_type", prefix, f"{prefix} must be an object, got {shorten(value)}")
