@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint demo test test-fast clean-venv
+.PHONY: install lint demo tatqa test test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ install: $(STAMP)
 
 demo: install
 	PATH=$(abspath $(BIN)):$$PATH dvc repro
+
+# the same loop on real financial reports (TAT-QA): profiles/tatqa/{params,dvc}.yaml, run in the profile's folder
+tatqa: install
+	cd profiles/tatqa && PATH=$(abspath $(BIN)):$$PATH dvc repro
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,0 +1,91 @@
+"""Profiles: a profile's dvc.yaml is the root one re-rendered (they cannot drift), and the TAT-QA profile's
+declaration reads its real batches through assetize -> normalize -> admit with no code of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clap import params
+from clap.data.admission import AdmitParams, SplitSizes, admit_batch
+from clap.data.assetize import AssetizeParams, assetize_batch, batch_metrics
+from clap.data.normalize import build_vocab, normalize_batch, normalize_params
+from clap.task.scoring import reward, scoring_params
+from schemas.admitted import admitted_items
+from schemas.normalized import normalized_schemas, validate_frame
+
+ROOT = Path(__file__).resolve().parents[2]
+TATQA = ROOT / "profiles" / "tatqa"
+
+
+def test_profile_dvc_yaml_is_the_rendered_root_dvc_yaml():
+    run = subprocess.run(
+        [sys.executable, "profiles/render_dvc_yaml.py", "profiles/tatqa", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = (TATQA / "dvc.yaml").read_text(encoding="utf-8")
+    assert "cmd: python ../../stages/train.py" in text and "- ../../clap/data" in text
+    assert "- data/raw/${item}" in text  # data paths stay the profile's own
+
+
+def test_render_check_fails_on_drift(tmp_path):
+    sys.path.insert(0, str(ROOT / "profiles"))
+    try:
+        import render_dvc_yaml as R
+    finally:
+        sys.path.pop(0)
+    rendered = R.render("stages:\n  a:\n    cmd: python stages/a.py x\n    deps:\n      - clap/data\n      - data/x\n", 2)
+    assert "cmd: python ../../stages/a.py x" in rendered and "- ../../clap/data" in rendered
+    assert "- data/x" in rendered and "../../data" not in rendered
+
+
+@pytest.fixture(scope="module")
+def reports_b(tmp_path_factory):
+    p = TATQA / "params.yaml"
+    answer = normalize_params(p).answer
+    res = assetize_batch(TATQA / "data" / "raw" / "reports-b", params.section("assetize", AssetizeParams, p), answer)
+    return p, res, normalize_batch(res.assets, normalize_params(p))
+
+
+def test_tatqa_questions_become_items_with_located_evidence(reports_b):
+    p, res, norm = reports_b
+    m = batch_metrics(res)
+    assert m["conservation_ok"]
+    rejects = res.assets["rejects"]
+    # every non-span question is an `excluded` reject (552 questions, 242 single spans in reports-b)
+    assert (rejects["rule"] == "excluded").sum() == 552 - 242
+    assert set(rejects.loc[rejects["rule"] == "excluded", "column"]) == {"answer_type"}
+    vocab = build_vocab(normalize_params(p))
+    for name, df in {**norm.frames, "rejects": norm.rejects}.items():
+        validate_frame(normalized_schemas(vocab)[name], df, name)
+    sft = norm.frames["sft"]
+    assert list(sft.columns[:8]) == ["item_id", "split", "question", "question_type", "context_doc_ids", "value", "scale", "evidence"]
+    assert set(sft["scale"]) <= {"none", "thousand", "million", "billion", "percent"}
+    for row in sft.itertuples():  # the located quote is a sentence of a context document and carries the span
+        assert row.value.casefold().rstrip(".") in row.evidence.casefold()
+        assert row.evidence_doc_id in row.context_doc_ids
+    kept = sum(norm.metrics[f"{n}_rows_out"] for n in ("sft", "eval", "replay"))
+    located = sum(norm.metrics[f"{n}_evidence_located"] for n in ("sft", "eval", "replay"))
+    assert located == kept + norm.metrics.get("sft_deduplicated_overlap_text", 0)  # located before dedup
+
+
+def test_tatqa_batch_is_admitted_under_its_own_params(reports_b):
+    p, _, norm = reports_b
+    sp = scoring_params(p)
+    vocab = build_vocab(normalize_params(p))
+    pools = {n: norm.frames[n] for n in ("sft", "grpo", "eval", "replay", "kb")}
+    adm = admit_batch(
+        pools,
+        params.section("sizes", SplitSizes, p),
+        params.section("admit", AdmitParams, p),
+        vocab,
+        lambda t, g, c: reward(t, g, c, sp),
+        "reports-b",
+        sp.answer,
+    )
+    assert adm.record["verdict"] is True, adm.record["reasons"]
+    assert adm.record["grpo"]["rank_pass_rate"] == 1.0
+    validate_frame(admitted_items(vocab), adm.frames["eval"], "eval.parquet")
