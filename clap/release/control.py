@@ -684,6 +684,17 @@ def rollback(root: Path) -> dict[str, Any]:
                 f"batch {pointer['batch']} is the first release: there is no previous release to roll back to",
                 rule="no_previous_release",
             )
+        target_key = load_trusted_keys(root / TRUSTED).get(str(stack[-2].get("approver")))
+        if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
+            try:
+                _refuse_revoked(root, str(stack[-2].get("approver")), target_key)
+            except ClapError as e:
+                raise ClapError(
+                    f"cannot roll back to batch {stack[-2]['batch']}: {e.args[0]}; serve and eval would refuse it. "
+                    "Release a batch approved by a trusted key instead",
+                    file=e.file,
+                    rule=e.rule,
+                ) from e
         reverted = _release_commit(root, pointer["approval_id"])
         restored = vcs.git(root, "show", f"{reverted}^:{POINTER}")
         if json.loads(restored) != stack[-2]:

@@ -30,6 +30,7 @@ it without the release machinery (git, DVC, handoff).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import subprocess
@@ -694,6 +695,74 @@ def _registry_commits(root: Path, rev: str) -> list[tuple[str, list[str], str]]:
     return commits
 
 
+def _json_blob(root: Path, commit: str, path: Path) -> dict[str, Any] | None:
+    data = _blob(root, commit, path)
+    try:
+        value = json.loads(data) if data is not None else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_released_from(root: Path, event: dict[str, Any], recorded_in: str) -> None:
+    """A release event against the commit it names as released from (``pointer.commit``).
+
+    That commit must be an ancestor of ``recorded_in`` (the commit recording the release), and
+    what it committed must be what the token binds: the evidence bundle's sha256, the evidence's
+    decision, adapter and eval-record hashes, and the base model's weights hash that the base
+    stage recorded there (``metrics/base.json`` and its record).
+    """
+    pointer = event.get("pointer") or {}
+    batch, commit = pointer.get("batch"), pointer.get("commit")
+    what = f"release of batch {batch} (approval {pointer.get('approval_id')})"
+    if not isinstance(commit, str) or _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise ClapError(
+            f"{what}: the commit it was released from, {commit!r}, is not in this repository",
+            file=HISTORY,
+            rule="missing_commit",
+        )
+    if _git(root, "merge-base", "--is-ancestor", commit, recorded_in).returncode != 0:
+        raise ClapError(
+            f"{what}: it was released from {commit[:12]}, which is not an ancestor of the commit recording it",
+            file=HISTORY,
+            rule="missing_commit",
+        )
+    evidence_path = Path("reports/gate") / str(batch) / "evidence.json"
+    data = _blob(root, commit, evidence_path)
+    if data is None:
+        raise ClapError(
+            f"{what}: {commit[:12]} has no {evidence_path.as_posix()}",
+            file=evidence_path,
+            rule="missing_evidence",
+        )
+    evidence = _json_blob(root, commit, evidence_path) or {}
+    base = {
+        **(_json_blob(root, commit, Path("metrics/base.json")) or {}),
+        **(_json_blob(root, commit, Path("records/base.json")) or {}),
+    }
+    committed = {
+        "evidence_sha256": hashlib.sha256(data).hexdigest(),
+        "decision": evidence.get("decision"),
+        "adapter_sha256": evidence.get("adapter_sha256"),
+        "eval_sha256": evidence.get("eval_items_sha256"),
+        "base_sha256": base.get("weights_sha256"),
+    }
+    bad = _diff(pointer, committed, f"committed in {commit[:12]}", list(committed))
+    if bad:
+        raise ClapError(
+            f"{what}: the approval does not match what was committed where it was released from "
+            f"({evidence_path.as_posix()}, metrics/base.json): " + "; ".join(bad),
+            file=HISTORY,
+            rule="binding_mismatch",
+        )
+
+
+def _check_new_releases(root: Path, history: list[dict[str, Any]], first: int, recorded_in: str) -> None:
+    for event in history[first:]:
+        if event.get("event") == "release":
+            _check_released_from(root, event, recorded_in)
+
+
 def _in_commit(commit: str, subject: str, e: ClapError, tmp: str) -> ClapError:
     """``e`` as found in ``commit``, its file named ``<commit>:<path in the repository>``."""
     file = str(e.file).removeprefix(tmp).lstrip("/") if e.file is not None else None
@@ -740,7 +809,10 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
                 child = _committed_rows(root, sha)
                 _materialize(root, sha, Path(tmp))
                 before = len(_committed_rows(root, parents[0])[HISTORY]) if parents else 0
-                _check_state(Path(tmp), root, emit, first=before, label=f"{sha[:12]} ", current=False)
+                reg, _ = _check_state(
+                    Path(tmp), root, emit, first=before, label=f"{sha[:12]} ", current=False
+                )
+                _check_new_releases(root, reg.history, before, sha)
                 for parent in parents or [None]:
                     _require_append_only(
                         _committed_rows(root, parent),
@@ -752,6 +824,7 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
     head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
     try:
         reg, pointer = _check_state(root, root, emit, first=len(head[HISTORY]), label="working tree ")
+        _check_new_releases(root, reg.history, len(head[HISTORY]), rev)
         _require_append_only(head, _worktree_rows(root), rev)
     except ClapError as e:
         raise ClapError(

@@ -229,7 +229,7 @@ def _forge_release(repo, batch, *, key="alice", issuer=None, binding=None, drop=
         claims.pop(claim)
     token = jwt.encode(claims, load_private_key(repo.parent / "keys" / f"{key}.key"), algorithm="EdDSA")
     pointer = {k: claims[k] for k in BINDING_CLAIMS if k in claims}
-    pointer.update(approval_id=claims["jti"], approver=claims["iss"], commit="c0ffee")
+    pointer.update(approval_id=claims["jti"], approver=claims["iss"], commit=_head(repo))
     previous = R.read_pointer(repo).get("batch")
     at = datetime.now(UTC).isoformat(timespec="seconds")
     releases = repo / "releases"
@@ -327,6 +327,8 @@ def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, cap
     assert err.value.rule == "key_revoked"
     with pytest.raises(ClapError, match="was revoked"):
         approve_batch(repo, X)
+    with pytest.raises(ClapError, match="cannot roll back to batch 2026-01: .*was revoked"):
+        R.rollback(repo)  # the release before it was approved by the same key
 
 
 def test_revoked_key_trusted_again_under_another_name_is_refused(repo):
@@ -375,3 +377,17 @@ def test_dropped_revocation_is_refused_by_the_registry_check(repo):
         match=f"commit {_head(repo)[:12]} \\(tidy releases/\\): .*revoked_keys.jsonl is append-only",
     ):
         check_registry(repo, emit=lambda line: None)
+
+
+def test_release_not_matching_its_commit_is_refused_by_the_registry_check(repo):
+    """A correctly signed release whose evidence hash is not the evidence committed where it was released from.
+
+    serve and eval check the adapter and base they load; the evaluation record and evidence bundle
+    are checked against git, where they were committed, by `clap registry-check`.
+    """
+    binding = dataclasses.replace(R.current_binding(repo, X), evidence_sha256="0" * 64)
+    _forge_release(repo, X, binding=binding)
+    commit_all(repo, "release 2026-01")
+    with pytest.raises(ClapError, match="evidence_sha256: approved '0000.*committed in") as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "binding_mismatch" and _head(repo)[:12] in str(err.value)
