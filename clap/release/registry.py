@@ -600,7 +600,7 @@ def _git_out(root: Path, *args: str) -> str:
 
 def _blob(root: Path, commit: str, path: Path) -> bytes | None:
     """``path`` as committed in ``commit``; None when it is not there."""
-    proc = _git(root, "cat-file", "blob", f"{commit}:{path.as_posix()}")
+    proc = _git(root, "cat-file", "blob", f"{commit}:./{path.as_posix()}")  # ./: relative to root
     return proc.stdout if proc.returncode == 0 else None
 
 

@@ -391,3 +391,20 @@ def test_release_not_matching_its_commit_is_refused_by_the_registry_check(repo):
     with pytest.raises(ClapError, match="evidence_sha256: approved '0000.*committed in") as err:
         check_registry(repo, emit=lambda line: None)
     assert err.value.rule == "binding_mismatch" and _head(repo)[:12] in str(err.value)
+
+
+def test_hand_edit_on_a_merged_side_branch_is_refused(repo):
+    """A side branch points production at an unapproved adapter, undoes it, and is merged: main's tree never
+    shows it, the branch's commits do."""
+    git(repo, "checkout", "-q", "-b", "side")
+    hand_edited_pointer(repo, X)
+    commit_all(repo, "side: point production at 2026-01")
+    forged = _head(repo)
+    io.write_json(repo / "releases" / "production.json", {"batch": None})
+    commit_all(repo, "side: undo")
+    git(repo, "checkout", "-q", "main")
+    (repo / "notes.txt").write_text("main moves on\n")
+    commit_all(repo, "main: notes")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    with pytest.raises(ClapError, match=f"commit {forged[:12]} .*no approval for this pointer"):
+        check_registry(repo, emit=lambda line: None)
