@@ -64,6 +64,22 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _revoke_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="the approver whose key (releases/trusted_keys/<name>.pub) is revoked")
+    p.add_argument("--reason", required=True, help="why (recorded in releases/revoked_keys.jsonl)")
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from clap.release import control as release
+
+    row = release.revoke(Path.cwd(), args.name, args.reason)
+    print(
+        f"revoked {row['approver']}'s key (sha256 {row['key_sha256'][:12]}) after event {row['after_event']}; "
+        f"commit {row['commit'][:12]}"
+    )
+    return 0
+
+
 def _approve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch")
     p.add_argument("--key", type=Path, required=True, help="the approver's private key file")
@@ -234,11 +250,17 @@ SUBCOMMANDS: dict[
         _demo_data,
     ),
     "keygen": ("create an approver's Ed25519 key pair", _keygen_args, _keygen),
+    "revoke": (
+        "revoke an approver's key: nothing it signed backs production any more",
+        _revoke_args,
+        _revoke,
+    ),
     "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
     "release": ("verify an approval and put the batch in production", _release_args, _release),
     "rollback": ("return production to the previous release", lambda p: None, _rollback),
     "registry-check": (
-        "replay releases/history.jsonl: every release and rollback signed by a trusted key, used once, hashes bound",
+        "replay every commit that changed releases/: each release signed by a trusted, unrevoked key, "
+        "used once, hashes bound; each rollback back to the previous release",
         _registry_check_args,
         _registry_check,
     ),

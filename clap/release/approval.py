@@ -11,6 +11,7 @@ issuer is that key's owner and its lifetime is bounded.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import uuid
@@ -120,6 +121,11 @@ def _raw(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def key_sha256(key: Ed25519PublicKey) -> str:
+    """A public key's fingerprint: sha256 of its 32 raw bytes (what ``releases/revoked_keys.jsonl`` names)."""
+    return hashlib.sha256(_raw(key)).hexdigest()
+
+
 def approver_of(key: Ed25519PrivateKey, trusted: dict[str, Ed25519PublicKey]) -> str:
     """The approver name whose trusted public key matches ``key`` (error if none does)."""
     mine = _raw(key.public_key())
@@ -220,6 +226,11 @@ def verify_token(
 def _why(e: jwt.PyJWTError) -> str:
     if isinstance(e, jwt.ExpiredSignatureError):
         return "the token has expired (ask the approver for a new one)"
+    if isinstance(e, jwt.MissingRequiredClaimError) and e.claim == "base_sha256":
+        return (
+            "it binds no base_sha256: it was signed before approvals bound the base model's hash, "
+            "so it cannot approve what is loaded now (ask the approver for a new one)"
+        )
     return f"{type(e).__name__}: {e}"
 
 

@@ -49,6 +49,7 @@ from clap.release.approval import (
     Binding,
     approver_of,
     check_binding,
+    key_sha256,
     load_private_key,
     load_trusted_keys,
     mint_token,
@@ -70,8 +71,11 @@ from clap.release.registry import (
     LEDGER,
     POINTER,
     RELEASES,
+    REVOKED,
     TRUSTED,
     read_history,
+    read_revoked,
+    recorded_base_sha256,
     release_stack,
 )
 from clap.release.registry import read_jsonl as _read_jsonl
@@ -115,15 +119,11 @@ def artifact_paths(batch: str) -> dict[str, Path]:
 
 def base_weights_sha256(root: Path) -> str:
     """The base model's weights sha256 as the base stage recorded it (metrics/base.json's record)."""
-    path = Path(root) / "metrics" / "base.json"
-    record = {**io.read_json(path)}
-    if io.record_path(path).exists():
-        record.update(io.read_json(io.record_path(path)))
-    sha = record.get("weights_sha256")
-    if not isinstance(sha, str) or not sha:
+    sha = recorded_base_sha256(root)
+    if sha is None:
         raise ClapError(
             "the base stage's record has no weights_sha256: an approval binds the base model's hash",
-            file=io.record_path(path),
+            file=io.record_path(Path(root) / "metrics" / "base.json"),
             column="weights_sha256",
             rule="missing_base",
         )
@@ -386,6 +386,18 @@ def _refusal_of_decision(root: Path, batch: str, decision: str) -> ClapError:
     )
 
 
+def _refuse_revoked(root: Path, name: str, key: Any) -> None:
+    """A key listed in releases/revoked_keys.jsonl approves nothing, under whatever name it is trusted."""
+    row = read_revoked(root).get(key_sha256(key))
+    if row is not None:
+        raise ClapError(
+            f"approval refused: the key of {name!r} (sha256 {key_sha256(key)[:12]}…) was revoked "
+            f"({row.get('reason') or 'no reason given'}, {row.get('revoked_at', 'at an unknown time')})",
+            file=REVOKED,
+            rule="key_revoked",
+        )
+
+
 # ---------------------------------------------------------------- approve
 
 
@@ -419,7 +431,9 @@ def approve(root: Path, batch: str, key_path: Path, ttl_s: int | None, p: Releas
         )
     _require_releasable_state(root, binding)
     key = load_private_key(key_path)
-    issuer = approver_of(key, load_trusted_keys(root / TRUSTED))
+    trusted = load_trusted_keys(root / TRUSTED)
+    issuer = approver_of(key, trusted)
+    _refuse_revoked(root, issuer, trusted[issuer])
     return mint_token(key, issuer, binding, audience=p.audience, ttl_s=ttl, now=now)
 
 
@@ -428,9 +442,9 @@ def approve(root: Path, batch: str, key_path: Path, ttl_s: int | None, p: Releas
 
 def _verified_claims(root: Path, batch: str, token: str, p: ReleaseParams) -> tuple[dict[str, Any], Binding]:
     """Every check on the token and the artifacts; returns the claims and the current binding."""
-    claims = verify_token(
-        token.strip(), load_trusted_keys(root / TRUSTED), audience=p.audience, max_ttl_s=p.max_approval_ttl_s
-    )
+    trusted = load_trusted_keys(root / TRUSTED)
+    claims = verify_token(token.strip(), trusted, audience=p.audience, max_ttl_s=p.max_approval_ttl_s)
+    _refuse_revoked(root, claims["iss"], trusted[claims["iss"]])
     if claims["batch"] != batch:
         raise ClapError(
             f"approval token refused: it approves batch {claims['batch']!r}, not {batch!r}",
@@ -670,6 +684,17 @@ def rollback(root: Path) -> dict[str, Any]:
                 f"batch {pointer['batch']} is the first release: there is no previous release to roll back to",
                 rule="no_previous_release",
             )
+        target_key = load_trusted_keys(root / TRUSTED).get(str(stack[-2].get("approver")))
+        if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
+            try:
+                _refuse_revoked(root, str(stack[-2].get("approver")), target_key)
+            except ClapError as e:
+                raise ClapError(
+                    f"cannot roll back to batch {stack[-2]['batch']}: {e.args[0]}; serve and eval would refuse it. "
+                    "Release a batch approved by a trusted key instead",
+                    file=e.file,
+                    rule=e.rule,
+                ) from e
         reverted = _release_commit(root, pointer["approval_id"])
         restored = vcs.git(root, "show", f"{reverted}^:{POINTER}")
         if json.loads(restored) != stack[-2]:
@@ -733,7 +758,49 @@ def rollback(root: Path) -> dict[str, Any]:
             return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
 
 
-# ---------------------------------------------------------------- keygen and handoff
+# ---------------------------------------------------------------- keygen, revoke and handoff
+
+
+def revoke(root: Path, name: str, reason: str) -> dict[str, Any]:
+    """Revoke approver ``name``'s key: append it to ``releases/revoked_keys.jsonl`` and commit.
+
+    The row names the key by fingerprint (sha256 of its raw bytes) and ``after_event``, the
+    number of history events already recorded: releases before it remain valid history, but
+    nothing the key signed is accepted after it or as the production pointer (serve, eval's
+    incumbent and ``clap registry-check`` refuse), whatever name the key is trusted under. Its
+    ``.pub`` stays in ``trusted_keys`` so the history it signed still verifies; the file is
+    append-only (``clap registry-check`` refuses a commit that drops a row).
+
+    Returns:
+        The row written, plus ``commit``.
+    """
+    root = Path(root)
+    if not reason.strip():
+        raise ClapError("say why the key is revoked (--reason)", rule="bad_reason")
+    with _locked(root):
+        vcs.require_committed(
+            root, [POINTER, HISTORY, LEDGER, TRUSTED, REVOKED], "releases/ has uncommitted changes"
+        )
+        trusted = load_trusted_keys(root / TRUSTED)
+        if name not in trusted:
+            raise ClapError(
+                f"no trusted key {name!r}: releases/trusted_keys/{name}.pub does not exist",
+                rule="missing_key",
+            )
+        fingerprint = key_sha256(trusted[name])
+        if fingerprint in read_revoked(root):
+            raise ClapError(f"the key of {name!r} is already revoked", file=REVOKED, rule="already_revoked")
+        row = {
+            "approver": name,
+            "key_sha256": fingerprint,
+            "after_event": len(read_history(root)),
+            "revoked_at": _now(),
+            "reason": reason.strip(),
+        }
+        with _transaction(root, [REVOKED]):
+            io.atomic_write_text(root / REVOKED, _append_line(_text(root / REVOKED), row))
+            commit = _commit(root, [REVOKED], f"revoke approver {name}: {reason.strip()}")
+        return {**row, "commit": commit}
 
 
 def keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:

@@ -6,8 +6,9 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
 - ``releases/history.jsonl`` holds exactly one ``release`` event with the pointer's approval id,
   and that event's pointer is the production pointer, field for field;
 - the approval token recorded with that event is signed by a key in ``releases/trusted_keys``
-  (a key removed from there is revoked: its approvals no longer verify), its issuer is that
-  key's owner, its audience is params ``release.audience`` and it was used (the ledger's
+  (a key removed from there no longer verifies anything) that ``releases/revoked_keys.jsonl``
+  does not revoke (by the key's fingerprint, so re-adding it under another name does not help),
+  its issuer is that key's owner, its audience is params ``release.audience`` and it was used (the ledger's
   ``used_at``) inside its validity window;
 - ``releases/approvals_used.jsonl`` has exactly one entry for the approval id (single use);
 - every hash the token binds (adapter, adapter config, evaluation record, evidence bundle, base
@@ -18,7 +19,9 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
   the earlier release's own approval).
 
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
-(:func:`check_registry`) replays the whole history with the same checks.
+(:func:`check_registry`) replays the whole history with the same checks, commit by commit
+through git (every commit that changed ``releases/``; history, ledger and revocations may only
+grow), then the working tree.
 
 This module imports only clap core, :mod:`clap.release.approval` and the adapter file name, so serve and eval can use
 it without the release machinery (git, DVC, handoff).
@@ -26,7 +29,12 @@ it without the release machinery (git, DVC, handoff).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import re
+import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,13 +46,14 @@ import jwt
 from clap import io, params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
-from clap.release.approval import BINDING_CLAIMS, RELEASABLE, load_trusted_keys, verify_token
+from clap.release.approval import BINDING_CLAIMS, RELEASABLE, key_sha256, load_trusted_keys, verify_token
 
 RELEASES = Path("releases")
 POINTER = RELEASES / "production.json"
 HISTORY = RELEASES / "history.jsonl"
 LEDGER = RELEASES / "approvals_used.jsonl"
 TRUSTED = RELEASES / "trusted_keys"
+REVOKED = RELEASES / "revoked_keys.jsonl"
 ADAPTERS = Path("models/adapters")
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -113,29 +122,77 @@ def read_pointer_file(root: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Registry:
-    """What a verification reads once: history, ledger, trusted keys and the release params."""
+    """What a verification reads once: history, ledger, trusted and revoked keys and the release params."""
 
     history: list[dict[str, Any]]
     ledger: list[dict[str, Any]]
     trusted: dict
     audience: str
     max_ttl_s: int
+    revoked: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by key_sha256
 
 
-def _load(root: Path) -> _Registry:
+def read_revoked(root: Path, history_length: int | None = None) -> dict[str, dict[str, Any]]:
+    """``releases/revoked_keys.jsonl`` by key fingerprint; a malformed row is an error.
+
+    Each row names the revoked key's fingerprint (``key_sha256``, :func:`key_sha256`) and
+    ``after_event``: the number of history events recorded before the revocation (releases at
+    those positions stay valid history; nothing the key approved is accepted after it, nor as
+    the production pointer).
+    """
+    path = Path(root) / REVOKED
+    revoked: dict[str, dict[str, Any]] = {}
+    for n, row in enumerate(read_jsonl(path), start=1):
+        sha, after = row.get("key_sha256"), row.get("after_event")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ClapError(
+                "key_sha256 must be 64 hex digits",
+                file=path,
+                row=n,
+                column="key_sha256",
+                rule="corrupt_jsonl",
+            )
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise ClapError(
+                "after_event must be an integer >= 0",
+                file=path,
+                row=n,
+                column="after_event",
+                rule="corrupt_jsonl",
+            )
+        if history_length is not None and after > history_length:
+            raise ClapError(
+                f"after_event {after} is beyond history.jsonl's {history_length} events",
+                file=path,
+                row=n,
+                column="after_event",
+                rule="corrupt_jsonl",
+            )
+        revoked.setdefault(sha, row)  # the earliest revocation of a key counts
+    return revoked
+
+
+def _load(root: Path, params_root: Path | None = None) -> _Registry:
     root = Path(root)
-    section = params.raw_section("release", root / "params.yaml")
+    params_file = Path(params_root if params_root is not None else root) / "params.yaml"
+    section = params.raw_section("release", params_file)
     try:
         audience, max_ttl = section["audience"], int(section["max_approval_ttl_s"])
     except (KeyError, TypeError, ValueError) as e:
         raise ClapError(
             "params release needs audience and max_approval_ttl_s to verify approvals",
-            file=root / "params.yaml",
+            file=params_file,
             column="release",
             rule="bad_params",
         ) from e
+    history = read_history(root)
     return _Registry(
-        read_history(root), read_jsonl(root / LEDGER), load_trusted_keys(root / TRUSTED), audience, max_ttl
+        history,
+        read_jsonl(root / LEDGER),
+        load_trusted_keys(root / TRUSTED),
+        audience,
+        max_ttl,
+        read_revoked(root, len(history)),
     )
 
 
@@ -157,12 +214,21 @@ def _diff(approved: dict[str, Any], other: dict[str, Any], other_name: str, keys
     ]
 
 
-def verify_release_event(event: dict[str, Any], reg: _Registry) -> dict[str, Any]:
+def verify_release_event(
+    event: dict[str, Any], reg: _Registry, position: int | None = None
+) -> dict[str, Any]:
     """Check one ``release`` event of history.jsonl; return its verified token claims.
 
+    Args:
+        event: the release event.
+        reg: what the registry holds.
+        position: the event's 0-based index in history.jsonl, for replaying history: a release
+            recorded before its key's revocation stays valid history. None (the production
+            pointer) refuses any approval by a revoked key.
+
     Raises:
-        ClapError: no token, a signature by no trusted key, a token not used exactly once, used
-            outside its validity, or bound to hashes other than the event's pointer.
+        ClapError: no token, a signature by no trusted key or by a revoked one, a token not used
+            exactly once, used outside its validity, or bound to hashes other than the event's pointer.
     """
     pointer = event.get("pointer")
     if not isinstance(pointer, dict) or not pointer.get("batch"):
@@ -186,6 +252,16 @@ def verify_release_event(event: dict[str, Any], reg: _Registry) -> dict[str, Any
             file=HISTORY,
             rule=e.rule,
         ) from e
+    revoked = reg.revoked.get(key_sha256(reg.trusted[claims["iss"]]))
+    if revoked is not None and (position is None or position >= revoked["after_event"]):
+        where = "the production pointer" if position is None else f"event {position + 1} of history.jsonl"
+        raise ClapError(
+            f"{what}: approved by {claims['iss']}'s key (sha256 {revoked['key_sha256'][:12]}…), revoked in "
+            f"releases/revoked_keys.jsonl after event {revoked['after_event']} "
+            f"({revoked.get('reason') or 'no reason given'}): it cannot back {where}",
+            file=REVOKED,
+            rule="key_revoked",
+        )
     if claims["decision"] not in RELEASABLE:
         raise ClapError(
             f"{what}: the token approves decision {claims['decision']!r}", file=HISTORY, rule="not_releasable"
@@ -341,7 +417,13 @@ def _unverified_iat(token: Any) -> int:
 
 
 def _replay(
-    root: Path, reg: _Registry, emit: Callable[[str], None] | None, *, verify_each: bool
+    root: Path,
+    reg: _Registry,
+    emit: Callable[[str], None] | None,
+    *,
+    verify_each: bool,
+    first: int = 0,
+    label: str = "",
 ) -> list[dict[str, Any]]:
     """Replay history.jsonl; return the releases in effect (oldest first); raise at the first problem.
 
@@ -349,6 +431,7 @@ def _replay(
     earlier than the release before it (token ``iat``: history cannot be reordered to bring an
     older release back without `clap rollback`); every rollback must return to the previous
     release. With ``verify_each`` every release's token is verified (:func:`verify_release_event`).
+    ``emit`` gets one line, prefixed with ``label``, for each event after the ``first`` ones.
     """
     stack: list[dict[str, Any]] = []
     last_iat = 0
@@ -366,7 +449,7 @@ def _replay(
             claims: dict[str, Any] = {}
             if verify_each:
                 try:
-                    claims = verify_release_event(event, reg)
+                    claims = verify_release_event(event, reg, n - 1)
                 except ClapError as e:
                     raise ClapError(e.args[0], file=root / HISTORY, row=n, rule=e.rule) from e
             iat = claims.get("iat", _unverified_iat(event.get("token")))
@@ -389,9 +472,9 @@ def _replay(
                     rule="inconsistent_releases",
                 )
             stack.append(pointer)
-            if emit is not None:
+            if emit is not None and n > first:
                 emit(
-                    f"{n}: release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
+                    f"{label}{n}: release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
                     f"{claims['iss']}: signature trusted, used once, hashes bound "
                     "(adapter, config, eval, evidence, base)"
                 )
@@ -418,59 +501,354 @@ def _replay(
                     rule="inconsistent_releases",
                 )
             stack.pop()
-            if emit is not None:
+            if emit is not None and n > first:
                 emit(
-                    f"{n}: rollback {current.get('batch')} -> {previous_release.get('batch')}: restores the "
+                    f"{label}{n}: rollback {current.get('batch')} -> {previous_release.get('batch')}: restores the "
                     f"release of approval {previous_release.get('approval_id')} (verified above)"
                 )
         elif kind == "hold":
-            if emit is not None:
+            if emit is not None and n > first:
                 emit(
-                    f"{n}: hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
+                    f"{label}{n}: hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
                 )
         else:
             raise ClapError(f"unknown event {kind!r}", file=root / HISTORY, row=n, rule="corrupt_jsonl")
     return stack
 
 
-def check_registry(root: Path | str, emit: Callable[[str], None] = print) -> int:
-    """Replay ``releases/history.jsonl``, verifying every release and rollback; return the entries checked.
+def _check_state(
+    root: Path,
+    params_root: Path,
+    emit: Callable[[str], None] | None,
+    *,
+    first: int = 0,
+    label: str = "",
+    current: bool = True,
+) -> tuple[_Registry, dict[str, Any]]:
+    """Replay the ``releases/`` under ``root`` with every check; return what was read and the pointer.
 
-    Each verified entry is reported with one line through ``emit``; the first problem raises.
-    Finally the production pointer must be the release in effect (or null with none in effect).
-
-    Raises:
-        ClapError: the first entry (or the pointer) that does not verify, naming why.
+    Every release is verified (:func:`verify_release_event`) and every rollback must return to the
+    previous release; the production pointer must be the release in effect (or null with none in
+    effect). When ``current`` (the state serve and eval read now), its approval's key must not be
+    revoked at all; a past commit's production pointer is held to the revocations of its time
+    (the commit that revokes the key behind production is history, not a fault).
     """
-    root = Path(root)
-    reg = _load(root)
-    stack = _replay(root, reg, emit, verify_each=True)
+    reg = _load(root, params_root)
+    stack = _replay(root, reg, emit, verify_each=True, first=first, label=label)
     pointer = read_pointer_file(root)
     if pointer["batch"] is None:
         if stack:
             raise ClapError(
                 f"releases/production.json says nothing is released, but history.jsonl has batch "
                 f"{stack[-1].get('batch')} in effect",
-                file=root / POINTER,
+                file=POINTER,
                 rule="not_in_effect",
             )
-        emit("production: nothing released (batch null)")
-        return len(reg.history)
-    if not stack or not _releases_of(reg.history, pointer.get("approval_id")):
+        return reg, pointer
+    events = _releases_of(reg.history, pointer.get("approval_id"))
+    if not stack or not events:
         raise ClapError(
             f"no approval for this pointer: releases/production.json names batch {pointer['batch']!r} "
             f"(approval id {pointer.get('approval_id')!r}), but no release in releases/history.jsonl carries that approval",
-            file=root / POINTER,
+            file=POINTER,
             rule="no_approval",
         )
     bad = _diff(stack[-1], pointer, "pointer", sorted(set(stack[-1]) | set(pointer)))
     if bad:
         raise ClapError(
             "releases/production.json is not the release in effect in history.jsonl: " + "; ".join(bad),
-            file=root / POINTER,
+            file=POINTER,
             rule="pointer_mismatch",
         )
-    emit(
-        f"production: batch {pointer['batch']} (approval {pointer.get('approval_id')}) is the release in effect"
+    if current:
+        verify_release_event(events[0], reg)  # as the production pointer now: no revoked key at all
+    return reg, pointer
+
+
+def recorded_base_sha256(root: Path) -> str | None:
+    """The base model's weights sha256 as the base stage recorded it (``metrics/base.json`` and its
+    record); None when the base stage has not run here."""
+    path = Path(root) / "metrics" / "base.json"
+    if not path.exists():
+        return None
+    record = {**io.read_json(path)}
+    if io.record_path(path).exists():
+        record.update(io.read_json(io.record_path(path)))
+    sha = record.get("weights_sha256")
+    return sha if isinstance(sha, str) and sha else None
+
+
+# ---------------------------------------------------------------- git: releases/ commit by commit
+
+REGISTRY_FILES = (POINTER, HISTORY, LEDGER, REVOKED)
+APPEND_ONLY = (HISTORY, LEDGER, REVOKED)
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True)
+
+
+def _git_out(root: Path, *args: str) -> str:
+    proc = _git(root, *args)
+    if proc.returncode != 0:
+        raise ClapError(
+            f"git {' '.join(args[:2])} failed: {proc.stderr.decode(errors='replace').strip()}",
+            rule="git_failed",
+        )
+    return proc.stdout.decode()
+
+
+def _blob(root: Path, commit: str, path: Path) -> bytes | None:
+    """``path`` as committed in ``commit``; None when it is not there."""
+    proc = _git(root, "cat-file", "blob", f"{commit}:./{path.as_posix()}")  # ./: relative to root
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _materialize(root: Path, commit: str, dest: Path) -> None:
+    """Write ``releases/`` as of ``commit`` (the registry files and trusted keys) under ``dest``."""
+    names = _git_out(root, "ls-tree", "-r", "--name-only", commit, "--", f"{TRUSTED.as_posix()}/").split("\n")
+    paths = [*REGISTRY_FILES, *(Path(n) for n in names if n.endswith(".pub"))]
+    (dest / TRUSTED).mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        data = _blob(root, commit, path)
+        if data is not None:
+            io.atomic_write_bytes(dest / path, data)
+
+
+def _rows(data: bytes | None, where: str, path: Path) -> list[Any]:
+    rows = []
+    for n, line in enumerate((data or b"").decode("utf-8", errors="replace").splitlines(), start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ClapError(f"{where}: not a JSON line: {e}", file=path, row=n, rule="corrupt_jsonl") from e
+    return rows
+
+
+def _require_append_only(
+    parent_rows: dict[Path, list[Any]], child_rows: dict[Path, list[Any]], parent_name: str
+) -> None:
+    """history, ledger and revocations only grow: every row of the parent stays, in place."""
+    for path in APPEND_ONLY:
+        before, after = parent_rows[path], child_rows[path]
+        if after[: len(before)] != before:
+            n = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(after))
+            raise ClapError(
+                f"{path} is append-only, but row {n + 1} of {parent_name} was removed or rewritten "
+                "(history, ledger and revocations can only grow: a `git revert` of a release, or a rewrite "
+                "around a revoked key, is refused; use `clap rollback`)",
+                file=path,
+                row=n + 1,
+                rule="rewritten_history",
+            )
+    history_before = len(parent_rows[HISTORY])
+    for n, row in enumerate(
+        child_rows[REVOKED][len(parent_rows[REVOKED]) :], start=len(parent_rows[REVOKED]) + 1
+    ):
+        after = row.get("after_event") if isinstance(row, dict) else None
+        if isinstance(after, int) and after > history_before:
+            raise ClapError(
+                f"a revocation dated after_event {after}, but {parent_name} had {history_before} events: "
+                "a revocation cannot vouch for releases recorded with it or later",
+                file=REVOKED,
+                row=n,
+                column="after_event",
+                rule="rewritten_history",
+            )
+
+
+def _committed_rows(root: Path, commit: str | None) -> dict[Path, list[Any]]:
+    where = f"commit {commit[:12]}" if commit else "no commit"
+    return {p: _rows(_blob(root, commit, p) if commit else None, where, p) for p in APPEND_ONLY}
+
+
+def _worktree_rows(root: Path) -> dict[Path, list[Any]]:
+    return {
+        p: _rows((root / p).read_bytes() if (root / p).exists() else None, "working tree", p)
+        for p in APPEND_ONLY
+    }
+
+
+def _registry_commits(root: Path, rev: str) -> list[tuple[str, list[str], str]]:
+    """(commit, parents, subject) of every commit that changed ``releases/``, oldest first (merges too)."""
+    if _git_out(root, "rev-parse", "--is-shallow-repository").strip() == "true":
+        raise ClapError(
+            "this clone is shallow: the registry check replays every commit that changed releases/ "
+            "(fetch the full history, e.g. actions/checkout with fetch-depth: 0)",
+            rule="shallow_clone",
+        )
+    out = _git_out(
+        root,
+        "log",
+        "--reverse",
+        "--topo-order",
+        "--full-history",
+        "--format=%H%x00%P%x00%s",
+        rev,
+        "--",
+        "releases",
     )
+    commits = []
+    for line in out.splitlines():
+        sha, parents, subject = line.split("\0", 2)
+        commits.append((sha, parents.split(), subject))
+    return commits
+
+
+def _json_blob(root: Path, commit: str, path: Path) -> dict[str, Any] | None:
+    data = _blob(root, commit, path)
+    try:
+        value = json.loads(data) if data is not None else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _check_released_from(root: Path, event: dict[str, Any], recorded_in: str) -> None:
+    """A release event against the commit it names as released from (``pointer.commit``).
+
+    That commit must be an ancestor of ``recorded_in`` (the commit recording the release), and
+    what it committed must be what the token binds: the evidence bundle's sha256, the evidence's
+    decision, adapter and eval-record hashes, and the base model's weights hash that the base
+    stage recorded there (``metrics/base.json`` and its record).
+    """
+    pointer = event.get("pointer") or {}
+    batch, commit = pointer.get("batch"), pointer.get("commit")
+    what = f"release of batch {batch} (approval {pointer.get('approval_id')})"
+    if not isinstance(commit, str) or _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise ClapError(
+            f"{what}: the commit it was released from, {commit!r}, is not in this repository",
+            file=HISTORY,
+            rule="missing_commit",
+        )
+    if _git(root, "merge-base", "--is-ancestor", commit, recorded_in).returncode != 0:
+        raise ClapError(
+            f"{what}: it was released from {commit[:12]}, which is not an ancestor of the commit recording it",
+            file=HISTORY,
+            rule="missing_commit",
+        )
+    evidence_path = Path("reports/gate") / str(batch) / "evidence.json"
+    data = _blob(root, commit, evidence_path)
+    if data is None:
+        raise ClapError(
+            f"{what}: {commit[:12]} has no {evidence_path.as_posix()}",
+            file=evidence_path,
+            rule="missing_evidence",
+        )
+    evidence = _json_blob(root, commit, evidence_path) or {}
+    base = {
+        **(_json_blob(root, commit, Path("metrics/base.json")) or {}),
+        **(_json_blob(root, commit, Path("records/base.json")) or {}),
+    }
+    committed = {
+        "evidence_sha256": hashlib.sha256(data).hexdigest(),
+        "decision": evidence.get("decision"),
+        "adapter_sha256": evidence.get("adapter_sha256"),
+        "eval_sha256": evidence.get("eval_items_sha256"),
+        "base_sha256": base.get("weights_sha256"),
+    }
+    bad = _diff(pointer, committed, f"committed in {commit[:12]}", list(committed))
+    if bad:
+        raise ClapError(
+            f"{what}: the approval does not match what was committed where it was released from "
+            f"({evidence_path.as_posix()}, metrics/base.json): " + "; ".join(bad),
+            file=HISTORY,
+            rule="binding_mismatch",
+        )
+
+
+def _check_new_releases(root: Path, history: list[dict[str, Any]], first: int, recorded_in: str) -> None:
+    for event in history[first:]:
+        if event.get("event") == "release":
+            _check_released_from(root, event, recorded_in)
+
+
+def _in_commit(commit: str, subject: str, e: ClapError, tmp: str) -> ClapError:
+    """``e`` as found in ``commit``, its file named ``<commit>:<path in the repository>``."""
+    file = str(e.file).removeprefix(tmp).lstrip("/") if e.file is not None else None
+    return ClapError(
+        f"commit {commit[:12]} ({subject}): {e.args[0]}",
+        file=f"{commit[:12]}:{file}" if file is not None else None,
+        row=e.row,
+        column=e.column,
+        rule=e.rule,
+    )
+
+
+def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev: str = "HEAD") -> int:
+    """Verify ``releases/`` through its git history, then as it is in the working tree.
+
+    Every commit that changed ``releases/`` (merges and side branches included) is replayed:
+    its history must verify as :func:`_check_state` says (each release signed by a trusted,
+    unrevoked key, used once, hashes bound; each rollback back to the previous release; the
+    pointer the release in effect) and its history, ledger and revocations must extend each
+    parent's. One line per release, rollback and hold, prefixed with the commit that recorded it;
+    then the working tree (what serve and eval read) the same way, and one line for production.
+
+    Args:
+        root: the repository root (a git checkout with its full history).
+        emit: receives each line.
+        rev: the commit whose history is replayed.
+
+    Returns:
+        The number of events in the working tree's history.jsonl.
+
+    Raises:
+        ClapError: the first commit (or the working tree) that does not verify, naming the commit and why.
+    """
+    root = Path(root)
+    if _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode != 0:
+        raise ClapError(
+            f"{root} is not a git checkout with a commit {rev}: the registry check replays releases/ through git",
+            rule="not_a_repository",
+        )
+    commits = _registry_commits(root, rev)
+    for sha, parents, subject in commits:
+        with tempfile.TemporaryDirectory(prefix="clap-registry-") as tmp:
+            try:
+                child = _committed_rows(root, sha)
+                _materialize(root, sha, Path(tmp))
+                before = len(_committed_rows(root, parents[0])[HISTORY]) if parents else 0
+                reg, _ = _check_state(
+                    Path(tmp), root, emit, first=before, label=f"{sha[:12]} ", current=False
+                )
+                _check_new_releases(root, reg.history, before, sha)
+                for parent in parents or [None]:
+                    _require_append_only(
+                        _committed_rows(root, parent),
+                        child,
+                        f"parent {parent[:12]}" if parent else "the empty registry",
+                    )
+            except ClapError as e:
+                raise _in_commit(sha, subject, e, tmp) from e
+    head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
+    try:
+        reg, pointer = _check_state(root, root, emit, first=len(head[HISTORY]), label="working tree ")
+        _check_new_releases(root, reg.history, len(head[HISTORY]), rev)
+        _require_append_only(head, _worktree_rows(root), rev)
+    except ClapError as e:
+        raise ClapError(
+            f"working tree (uncommitted releases/): {e.args[0]}",
+            file=root / e.file if e.file is not None else None,
+            row=e.row,
+            column=e.column,
+            rule=e.rule,
+        ) from e
+    base = recorded_base_sha256(root)
+    if pointer["batch"] is not None and base is not None and base != pointer.get("base_sha256"):
+        raise ClapError(
+            f"the production release of batch {pointer['batch']} was approved on another base model: "
+            f"base_sha256 approved {pointer.get('base_sha256')}, recorded by the base stage {base} "
+            "(metrics/base.json): serve and eval would load an unapproved combination; approve and release again",
+            file=root / POINTER,
+            column="base_sha256",
+            rule="binding_mismatch",
+        )
+    if pointer["batch"] is None:
+        emit(f"production: nothing released (batch null); {len(commits)} commit(s) of releases/ replayed")
+    else:
+        emit(
+            f"production: batch {pointer['batch']} (approval {pointer.get('approval_id')}) is the release in effect; "
+            f"{len(commits)} commit(s) of releases/ replayed"
+        )
     return len(reg.history)

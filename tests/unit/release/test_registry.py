@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from datetime import UTC, datetime
 
+import jwt
 import pytest
 
 from clap import cli, io
@@ -13,6 +16,7 @@ from clap.errors import ClapError
 from clap.judge.evaluation import incumbent_spec
 from clap.model.base import base_sha256
 from clap.release import control as R
+from clap.release.approval import BINDING_CLAIMS, load_private_key
 from clap.release.registry import check_registry, verify_pointer
 
 from .release_fixtures import (
@@ -21,6 +25,7 @@ from .release_fixtures import (
     clean_git_env,
     commit_all,
     copy_template,
+    git,
     hand_edited_pointer,
     release_both,
     repro,
@@ -82,10 +87,10 @@ def assert_accepted_by_all(repo, batch: str) -> None:
 
 
 def test_committed_registry_passes(capsys):
-    """The project's own releases/ (nothing released yet) must verify: `make test` runs this."""
+    """The project's own releases/, replayed through its git history, must verify: `make test` runs this."""
     assert cli.main(["registry-check", "--root", str(ROOT)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out and out[-1].startswith("production:")
+    assert out and out[-1].startswith("production:") and "replayed" in out[-1]
 
 
 def test_release_and_rollback_pass_every_reader(repo, capsys):
@@ -95,8 +100,10 @@ def test_release_and_rollback_pass_every_reader(repo, capsys):
     assert_accepted_by_all(repo, X)  # by the first release's own approval
     assert cli.main(["registry-check", "--root", str(repo)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["1", "2", "3", "production"]
+    commits = git(repo, "log", "--reverse", "--format=%H", "--", "releases/history.jsonl").split()
+    assert [line.split(":")[0] for line in lines[:-1]] == [f"{c[:12]} {n}" for n, c in enumerate(commits, 1)]
     assert f"release {X}" in lines[0] and f"release {Y}" in lines[1] and f"rollback {Y} -> {X}" in lines[2]
+    assert lines[-1].startswith(f"production: batch {X}")
     verified = verify_pointer(repo, base_sha256=base_sha256(repo / "models" / "base"))
     assert verified is not None and verified.batch == X and verified.approver == "alice"
 
@@ -195,3 +202,209 @@ def test_approval_binds_the_base_model(repo):
     event = R.release(repo, X, token, R.load_params(repo))
     assert event["pointer"]["base_sha256"] == base_sha256(repo / "models" / "base")
     assert event["token"] == token
+
+
+# ---------------------------------------------------------------- history through git, reuse, base, revocation
+
+
+def _append(path, row) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def _forge_release(repo, batch, *, key="alice", issuer=None, binding=None, drop=()) -> dict:
+    """A release recorded by hand as `clap release` would, with a token signed by ``key`` (as ``issuer``)."""
+    claims = {**dataclasses.asdict(binding or R.current_binding(repo, batch))}
+    now = int(time.time())
+    claims.update(
+        iss=issuer or key,
+        aud="clap-release",
+        sub=f"sha256:{claims['adapter_sha256']}",
+        iat=now,
+        nbf=now,
+        exp=now + 600,
+        jti=f"forged-{batch}-{now}",
+    )
+    for claim in drop:
+        claims.pop(claim)
+    token = jwt.encode(claims, load_private_key(repo.parent / "keys" / f"{key}.key"), algorithm="EdDSA")
+    pointer = {k: claims[k] for k in BINDING_CLAIMS if k in claims}
+    pointer.update(approval_id=claims["jti"], approver=claims["iss"], commit=_head(repo))
+    previous = R.read_pointer(repo).get("batch")
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    releases = repo / "releases"
+    _append(
+        releases / "history.jsonl",
+        {"event": "release", "pointer": pointer, "previous_batch": previous, "token": token, "at": at},
+    )
+    _append(
+        releases / "approvals_used.jsonl",
+        {
+            "jti": claims["jti"],
+            "batch": batch,
+            "approver": claims["iss"],
+            "exp": claims["exp"],
+            "used_at": at,
+        },
+    )
+    io.write_json(releases / "production.json", pointer)
+    return pointer
+
+
+def _head(repo) -> str:
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_hand_edited_pointer_committed_then_restored_is_refused(repo, capsys):
+    """The working tree is clean again, but the history shows a commit that put an unapproved adapter in production."""
+    hand_edited_pointer(repo, X)
+    commit_all(repo, "point production at 2026-01")
+    forged = _head(repo)
+    io.write_json(repo / "releases" / "production.json", {"batch": None})
+    commit_all(repo, "undo")
+    with pytest.raises(
+        ClapError, match=f"commit {forged[:12]} \\(point production at 2026-01\\): no approval"
+    ):
+        check_registry(repo, emit=lambda line: None)
+    assert cli.main(["registry-check", "--root", str(repo)]) == 2
+    assert forged[:12] in capsys.readouterr().err
+
+
+def test_reverted_release_commit_is_refused(repo):
+    """`git revert` of a release drops its history and ledger rows: the ledger is what makes a token single-use."""
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo))
+    git(repo, "revert", "--no-edit", "HEAD")
+    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*append-only") as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "rewritten_history"
+
+
+def test_reused_token_is_refused(repo):
+    """The first release's token, recorded again (with a second ledger entry) to bring its batch back."""
+    release_both(repo)
+    first = R.read_history(repo)[0]
+    _append(repo / "releases" / "history.jsonl", {**first, "previous_batch": Y})
+    _append(
+        repo / "releases" / "approvals_used.jsonl",
+        R._read_jsonl(repo / "releases" / "approvals_used.jsonl")[0],
+    )
+    io.write_json(repo / "releases" / "production.json", first["pointer"])
+    assert_refused_by_all(repo, "claimed by")
+    with pytest.raises(ClapError, match="already used"):
+        R.release(repo, X, first["token"], R.load_params(repo))
+
+
+def test_token_bound_to_another_base_is_refused(repo):
+    """The base stage now records (and loads) another base than the one the release's token binds."""
+    release_both(repo)
+    base = repo / "models" / "base"
+    (base / "model.safetensors").write_bytes(b"a newer base")
+    io.write_metrics_and_record(repo / "metrics" / "base.json", None, {"weights_sha256": base_sha256(base)})
+    commit_all(repo, "new base")
+    assert_refused_by_all(repo, "base_sha256 approved")
+
+
+def test_token_without_base_hash_fails_clearly(repo):
+    """A token minted before approvals bound the base model never verifies, and says why."""
+    _forge_release(repo, X, drop=("base_sha256",))
+    assert_refused_by_all(repo, "binds no base_sha256: it was signed before approvals bound the base")
+
+
+def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, capsys):
+    release_both(repo)
+    repro(repo)  # 2026-01 re-evaluated against production (2026-02)
+    pending = approve_batch(repo, X)  # approved before the revocation, not yet used
+    monkeypatch.chdir(repo)
+    assert cli.main(["revoke", "alice", "--reason", "laptop stolen"]) == 0
+    assert "revoked alice's key" in capsys.readouterr().out
+    row = R._read_jsonl(repo / "releases" / "revoked_keys.jsonl")[0]
+    assert row["after_event"] == 2 and row["approver"] == "alice"
+    assert_refused_by_all(
+        repo, "revoked in releases/revoked_keys.jsonl after event 2 \\(laptop stolen\\)", capsys
+    )
+    with pytest.raises(ClapError, match="was revoked") as err:
+        R.release(repo, X, pending, R.load_params(repo))
+    assert err.value.rule == "key_revoked"
+    with pytest.raises(ClapError, match="was revoked"):
+        approve_batch(repo, X)
+    with pytest.raises(ClapError, match="cannot roll back to batch 2026-01: .*was revoked"):
+        R.rollback(repo)  # the release before it was approved by the same key
+
+
+def test_revoked_key_trusted_again_under_another_name_is_refused(repo):
+    """The stolen key's alice.pub renamed to mallory.pub signs a new release: revocation is by fingerprint."""
+    release_both(repo)
+    R.revoke(repo, "alice", "laptop stolen")
+    trusted = repo / "releases" / "trusted_keys"
+    (trusted / "alice.pub").rename(trusted / "mallory.pub")
+    _forge_release(repo, X, issuer="mallory")
+    commit_all(repo, "release 2026-01")
+    for name in ("serve", "eval"):
+        with pytest.raises(ClapError, match="approved by mallory's key .*revoked") as err:
+            _readers(repo)[name]()
+        assert err.value.rule == "key_revoked"
+    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*release of batch {X} .*refused"):
+        check_registry(repo, emit=lambda line: None)  # alice's own releases no longer verify either
+
+
+def test_history_rewritten_around_a_revoked_key_is_refused(repo):
+    """With the stolen key, the last release is replaced by a forged one placed before the revocation point."""
+    release_both(repo)
+    R.revoke(repo, "alice", "laptop stolen")
+    releases = repo / "releases"
+    history, ledger = (R._read_jsonl(releases / n) for n in ("history.jsonl", "approvals_used.jsonl"))
+    for name, rows in (("history.jsonl", history[:1]), ("approvals_used.jsonl", ledger[:1])):
+        (releases / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    io.write_json(releases / "production.json", history[0]["pointer"])
+    _forge_release(repo, X)  # event 2: before after_event 2, so only its being production gives it away
+    assert_refused_by_all(repo, "revoked")
+    commit_all(repo, "release 2026-01 again")
+    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*revoked"):
+        check_registry(repo, emit=lambda line: None)
+
+
+def test_dropped_revocation_is_refused_by_the_registry_check(repo):
+    """Deleting the revocation row puts the key back in the working tree; the git history still shows it.
+
+    serve and eval read the working tree only: this rewrite is `clap registry-check`'s (CI's) to catch.
+    """
+    release_both(repo)
+    R.revoke(repo, "alice", "laptop stolen")
+    (repo / "releases" / "revoked_keys.jsonl").write_text("")
+    commit_all(repo, "tidy releases/")
+    with pytest.raises(
+        ClapError,
+        match=f"commit {_head(repo)[:12]} \\(tidy releases/\\): .*revoked_keys.jsonl is append-only",
+    ):
+        check_registry(repo, emit=lambda line: None)
+
+
+def test_release_not_matching_its_commit_is_refused_by_the_registry_check(repo):
+    """A correctly signed release whose evidence hash is not the evidence committed where it was released from.
+
+    serve and eval check the adapter and base they load; the evaluation record and evidence bundle
+    are checked against git, where they were committed, by `clap registry-check`.
+    """
+    binding = dataclasses.replace(R.current_binding(repo, X), evidence_sha256="0" * 64)
+    _forge_release(repo, X, binding=binding)
+    commit_all(repo, "release 2026-01")
+    with pytest.raises(ClapError, match="evidence_sha256: approved '0000.*committed in") as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "binding_mismatch" and _head(repo)[:12] in str(err.value)
+
+
+def test_hand_edit_on_a_merged_side_branch_is_refused(repo):
+    """A side branch points production at an unapproved adapter, undoes it, and is merged: main's tree never
+    shows it, the branch's commits do."""
+    git(repo, "checkout", "-q", "-b", "side")
+    hand_edited_pointer(repo, X)
+    commit_all(repo, "side: point production at 2026-01")
+    forged = _head(repo)
+    io.write_json(repo / "releases" / "production.json", {"batch": None})
+    commit_all(repo, "side: undo")
+    git(repo, "checkout", "-q", "main")
+    (repo / "notes.txt").write_text("main moves on\n")
+    commit_all(repo, "main: notes")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    with pytest.raises(ClapError, match=f"commit {forged[:12]} .*no approval for this pointer"):
+        check_registry(repo, emit=lambda line: None)
