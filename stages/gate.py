@@ -1,14 +1,16 @@
 """gate: the post-training release decision for one batch, with its evidence bundle.
 
-usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json metrics/admit/<b>.json metrics/replay/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
+usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json plots/train/<b>.csv metrics/admit/<b>.json metrics/replay/<b>.json reports/gate/<b> metrics/gate/<b>.json [metrics/grpo/<b>.json]
 
-in:  data/eval/<b>/items.parquet + manifest.json; the flat training, admission and
+in:  data/eval/<b>/items.parquet + manifest.json; the training curves (plots/train/<b>.csv); the flat training, admission and
      application-chain replay records (each metrics file with its record file records/<stage>/<b>.json); params.yaml `gate` (the whole release policy, `gate.chain`
      for the replay; latency is gated on the replay's per-request B_request_p95_ms) and, for the evidence,
      `sizes admit train scoring eval`
 out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
      decision without the chain checks as offline_decision), reports/gate/<b>/evidence.json (hashes, params,
-     commit, regressed samples, the replay record), reports/gate/<b>/report.md
+     commit, regressed samples, the replay record, the detector's reading), reports/gate/<b>/report.md and
+     reports/gate/<b>/detector.svg (training vs probe loss, log E vs log(1/alpha), the alarm marked; none
+     for an untrained batch: the report says so)
 with the GRPO probe record: the batch's GRPO-candidate decision (grpo_* fields, evidence["grpo"] with the KL
 evidence, a report section); it caps the SFT decision only when params `grpo.hold_sft_on_hold` is true.
 """
@@ -19,13 +21,14 @@ import sys
 from pathlib import Path
 
 from clap import determinism, io, params, stage
+from clap.judge import detector_plot
 from clap.judge import grpo_gate as grpo
 from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
 from clap.judge.scored import read_scored
 from clap.task.answer import load_answer_schema
 from clap.train.grpo_policy import GrpoParams
 
-USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
+USAGE = "usage: python stages/gate.py EVAL_DIR TRAIN_JSON CURVES_CSV ADMIT_JSON REPLAY_JSON REPORT_DIR METRICS_JSON [GRPO_JSON]"
 EVIDENCE_SECTIONS = ("sizes", "admit", "train", "task", "scoring", "eval", "gate")
 
 
@@ -38,6 +41,7 @@ def read_record(path: Path) -> dict:
 def run(
     eval_dir: Path,
     train_json: Path,
+    curves_csv: Path,
     admit_json: Path,
     replay_json: Path,
     report_dir: Path,
@@ -63,6 +67,8 @@ def run(
     evidence["replay"] = (
         replay  # its cases_sha256 binds the scored cases (the record's own bytes hold timings)
     )
+    curves = detector_plot.read_curves(curves_csv)
+    evidence["detector"] = detector_plot.evidence_section(curves, train, io.sha256_file(curves_csv))
     report = render_report(evidence)
     metrics = {
         **flat_metrics(result),
@@ -75,6 +81,14 @@ def run(
     with io.atomic_dir(report_dir) as tmp:
         io.write_json(tmp / "evidence.json", evidence)
         io.atomic_write_text(tmp / "report.md", report)
+        if curves:  # an untrained batch has none: the report says so
+            svg = detector_plot.detector_svg(
+                curves,
+                alarm_step=evidence["detector"]["alarm_step"],
+                planned_steps=evidence["detector"]["planned_steps"],
+                title=f"Batch {eval_dir.name}: what the TBDL detector saw",
+            )
+            io.atomic_write_text(tmp / detector_plot.SVG_NAME, svg)
     io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics
 
@@ -87,4 +101,4 @@ def describe(argv, metrics: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (6, 7), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (7, 8), run, describe))

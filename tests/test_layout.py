@@ -145,3 +145,19 @@ def test_deciding_runs_no_model_code():
         if any(f.is_relative_to(h) for h in heavy)
     ]
     assert offenders == []
+
+
+DETECTOR_PLOTS = {"train_loss_vs_probe": ["loss", "probe_loss"], "detector_log_e": ["log_e", "log_threshold"]}
+
+
+def test_detector_plots_draw_every_configured_batch():
+    """DVC takes no folder or glob as a named plot's source: each batch of params `batches` is listed in the
+    top-level detector plots of dvc.yaml, with both columns (tests/e2e/test_dvc_plots.py renders them)."""
+    batches = yaml.safe_load((ROOT / "params.yaml").read_text())["batches"]
+    plots = {
+        k: v for entry in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"] for k, v in entry.items()
+    }
+    want = {f"plots/train/{b}.csv" for b in batches}
+    for plot_id, columns in DETECTOR_PLOTS.items():
+        assert plots[plot_id]["x"] == "step"
+        assert plots[plot_id]["y"] == {f: columns for f in sorted(want)}, plot_id

@@ -28,6 +28,7 @@ import pandas as pd
 
 from clap import vcs
 from clap.errors import ClapError
+from clap.judge import detector_plot
 from clap.judge.stats import (
     PairedResult,
     Rule,
@@ -691,6 +692,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         "|---|---|---|",
         *[f"| {c['name']} | {c['cap']} | {c['detail']} |" for c in evidence["reasons"]],
     ]
+    lines += detector_plot.report_lines(evidence)
     if "delta" in n:
         lines += [
             "",

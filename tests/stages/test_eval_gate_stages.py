@@ -67,6 +67,13 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         },
     )
     io.write_metrics_and_record(tmp_path / "admit.json", None, {"admitted": 1})
+    # the curves as the train stage writes plots/train/<b>.csv (here a detector check every other step)
+    curves = tmp_path / "curves.csv"
+    curves.write_text(
+        "step,loss,grad_norm,learning_rate,tokens_per_s,probe_loss,gap_increment,log_e,log_threshold\n"
+        "1,0.9,1.0,0.0,10.0,,,,\n2,0.7,1.0,0.001,10.0,0.8,0.05,0.25,2.99\n3,0.5,1.0,0.001,10.0,,,,\n"
+        "4,0.4,1.0,0.001,10.0,0.75,0.02,0.41,2.99\n"
+    )
     chain = {
         "n_cases": 3,
         "A_run": 1,
@@ -91,6 +98,7 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         "gate",
         eval_dir,
         tmp_path / "train.json",
+        curves,
         tmp_path / "admit.json",
         tmp_path / "replay.json",
         report,
@@ -126,7 +134,30 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert io.read_json(tmp_path / "records" / "eval" / f"{batch}.json")["sha256_items"] == io.sha256_file(
         eval_dir / "items.parquet"
     )
-    assert "**REJECT**" in (report / "report.md").read_text()
+    text = (report / "report.md").read_text()
+    assert "**REJECT**" in text
+    # what the detector saw: the reading, the picture beside the report, its numbers in the evidence
+    assert "log E never crossed log(1/\u03b1) = 2.99; max log E 0.41 at step 4." in text
+    assert (
+        "![detector](detector.svg)" in text and 'data-series="log_e"' in (report / "detector.svg").read_text()
+    )
+    assert evidence["detector"]["curves_sha256"] == io.sha256_file(curves)
+
+    untrained = tmp_path / "untrained.csv"  # a batch not trained: the header alone
+    untrained.write_text(curves.read_text().splitlines()[0] + "\n")
+    none = stage(
+        "gate",
+        eval_dir,
+        tmp_path / "train.json",
+        untrained,
+        tmp_path / "admit.json",
+        tmp_path / "replay.json",
+        tmp_path / "untrained-report",
+        tmp_path / "untrained.json",
+    )
+    assert none.returncode == 0, none.stderr
+    assert "not trained: no training curves" in (tmp_path / "untrained-report/report.md").read_text()
+    assert not (tmp_path / "untrained-report/detector.svg").exists()
 
     no_request_latency = {k: v for k, v in chain.items() if k != "B_request_p95_ms"}
     io.write_metrics_and_record(tmp_path / "replay-old.json", None, no_request_latency)
@@ -134,6 +165,7 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         "gate",
         eval_dir,
         tmp_path / "train.json",
+        curves,
         tmp_path / "admit.json",
         tmp_path / "replay-old.json",
         tmp_path / "loud-report",
@@ -147,6 +179,7 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
         "gate",
         eval_dir,
         tmp_path / "missing-train.json",
+        curves,
         tmp_path / "admit.json",
         tmp_path / "replay.json",
         report,
