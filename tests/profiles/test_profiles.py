@@ -23,7 +23,10 @@ TATQA = ROOT / "profiles" / "tatqa"
 
 def test_profile_dvc_yaml_is_the_rendered_root_dvc_yaml():
     run = subprocess.run(
-        [sys.executable, "profiles/render_dvc_yaml.py", "profiles/tatqa", "--check"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "profiles/render_dvc_yaml.py", "profiles/tatqa", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     text = (TATQA / "dvc.yaml").read_text(encoding="utf-8")
@@ -37,16 +40,25 @@ def test_render_check_fails_on_drift(tmp_path):
         import render_dvc_yaml as R
     finally:
         sys.path.pop(0)
-    rendered = R.render("stages:\n  a:\n    cmd: python stages/a.py x\n    deps:\n      - clap/data\n      - data/x\n", 2)
+    root = (
+        "stages:\n  a:\n    cmd: python stages/a.py x\n    deps:\n      - clap/data\n      - data/x\n"
+        "plots:\n  - p:\n      y:\n        plots/train/2026-01.csv: [loss]\n        plots/train/2026-03.csv: [loss]\n"
+    )
+    rendered = R.render(root, 2, ["r-a", "r-b", "r-c"])
     assert "cmd: python ../../stages/a.py x" in rendered and "- ../../clap/data" in rendered
     assert "- data/x" in rendered and "../../data" not in rendered
+    assert rendered.endswith(
+        "        plots/train/r-a.csv: [loss]\n        plots/train/r-b.csv: [loss]\n        plots/train/r-c.csv: [loss]\n"
+    )
 
 
 @pytest.fixture(scope="module")
 def reports_b(tmp_path_factory):
     p = TATQA / "params.yaml"
     answer = normalize_params(p).answer
-    res = assetize_batch(TATQA / "data" / "raw" / "reports-b", params.section("assetize", AssetizeParams, p), answer)
+    res = assetize_batch(
+        TATQA / "data" / "raw" / "reports-b", params.section("assetize", AssetizeParams, p), answer
+    )
     return p, res, normalize_batch(res.assets, normalize_params(p))
 
 
@@ -62,7 +74,16 @@ def test_tatqa_questions_become_items_with_located_evidence(reports_b):
     for name, df in {**norm.frames, "rejects": norm.rejects}.items():
         validate_frame(normalized_schemas(vocab)[name], df, name)
     sft = norm.frames["sft"]
-    assert list(sft.columns[:8]) == ["item_id", "split", "question", "question_type", "context_doc_ids", "value", "scale", "evidence"]
+    assert list(sft.columns[:8]) == [
+        "item_id",
+        "split",
+        "question",
+        "question_type",
+        "context_doc_ids",
+        "value",
+        "scale",
+        "evidence",
+    ]
     assert set(sft["scale"]) <= {"none", "thousand", "million", "billion", "percent"}
     for row in sft.itertuples():  # the located quote is a sentence of a context document and carries the span
         assert row.value.casefold().rstrip(".") in row.evidence.casefold()
