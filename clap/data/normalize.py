@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from clap import io
+from clap import io, params
 from clap.data.assetize import asset_columns
 from clap.errors import ClapError
 from clap.task.answer import PARAMS, AnswerSchema, load_answer_schema
@@ -46,8 +46,8 @@ EVIDENCE_MODES = ("given", "locate")
 
 
 @dataclasses.dataclass(frozen=True)
-class NormalizeParams:
-    """Params section ``normalize`` (see the comments in params.yaml) and the declared answer (``task``)."""
+class NormalizeSection:
+    """Params section ``normalize`` as written (see the comments in params.yaml)."""
 
     keys: dict  # key field -> its normalizer: {kind: vocabulary|code|date|text, ...}
     units: dict
@@ -57,32 +57,20 @@ class NormalizeParams:
     value_rel_tol: float
     value_abs_tol: float
     duplicate_system_priority: list
-    answer: AnswerSchema | None = None  # set by normalize_params(); the section itself has no such key
-
-
-def normalize_params(path: Path | str = PARAMS) -> NormalizeParams:
-    """Params ``normalize`` with the answer schema of params ``task`` (whose key fields it normalizes)."""
-    from clap.params import raw_section
-
-    raw = raw_section("normalize", path)
-    if not isinstance(raw, dict) or "answer" in raw:
-        raise _bad("normalize must be a mapping (and has no key 'answer')", "normalize")
-    from clap.params import build
-
-    p = build(_Section, raw, where="normalize", file=path)
-    return NormalizeParams(**dataclasses.asdict(p), answer=load_answer_schema(path))
 
 
 @dataclasses.dataclass(frozen=True)
-class _Section:
-    keys: dict
-    units: dict
-    date_formats: list
-    evidence: str
-    value_decimals: int
-    value_rel_tol: float
-    value_abs_tol: float
-    duplicate_system_priority: list
+class NormalizeParams(NormalizeSection):
+    """Params ``normalize`` and the declared answer (params ``task``) whose key fields it normalizes."""
+
+    answer: AnswerSchema | None = None
+
+
+def normalize_params(path: Path | str = PARAMS) -> NormalizeParams:
+    """Params ``normalize`` with the answer schema of params ``task``."""
+    section = params.build(NormalizeSection, params.raw_section("normalize", path), where="normalize", file=path)
+    fields = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return NormalizeParams(**fields, answer=load_answer_schema(path))
 
 
 def _bad(message: str, column: str) -> ClapError:
