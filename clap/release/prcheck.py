@@ -376,13 +376,20 @@ def render(result: PrCheckResult) -> str:
 
 
 def write_markdown(result: PrCheckResult, path: Path | str) -> None:
-    """The verdict and decision diff for the PR comment."""
+    """The verdict, the decision diff and the informational differences, for the PR comment."""
     failures = result.failures
-    text = (
-        "Committed `dvc.lock`, `metrics/` and `records/` reproduce (only timings, provenance or environment differ)."
-        if not failures
-        else "**Committed decisions do NOT reproduce** (`clap pr-check`):\n\n```\n"
-        + "\n".join(decision_diff(failures)[:200])
-        + "\n```"
+    lines = (
+        [
+            "**Committed decisions do NOT reproduce** (`clap pr-check`):",
+            "",
+            "```",
+            *decision_diff(failures)[:200],
+            "```",
+        ]
+        if failures
+        else ["Committed `dvc.lock`, `metrics/` and `records/` reproduce (`clap pr-check`)."]
     )
-    io.atomic_write_text(path, text + "\n")
+    info = list(_informational(result.rows))
+    if info:
+        lines += ["", "Differ as expected (never failing):", "", "```", *info, "```"]
+    io.atomic_write_text(path, "\n".join(lines) + "\n")
