@@ -223,6 +223,16 @@ def _flat(obj: Any) -> dict[str, Any]:
     return dict(vf.flatten(obj)) if obj else {}
 
 
+def _produced(path: str, produced: set[str]) -> bool:
+    """A dep that is, holds or lies inside a stage's out (e.g. summary's ``metrics/eval``), or lies
+    in a folder compared file by file: its producing stages' outs are compared instead."""
+    if path.split("/", 1)[0] in COMPARED_FOLDERS:
+        return True
+    return any(
+        path == o or o.startswith(path.rstrip("/") + "/") or path.startswith(o + "/") for o in produced
+    )
+
+
 def compare_locks(
     old: Mapping[str, Any],
     new: Mapping[str, Any],
@@ -255,8 +265,8 @@ def compare_locks(
             ("deps", "hash", _by_path(a.get("deps")), _by_path(b.get("deps"))),
         ):
             for key in sorted(set(va) | set(vb)):
-                if part == "deps" and key in produced:
-                    continue  # the producing stage's out is compared
+                if part == "deps" and _produced(key, produced):
+                    continue  # the producing stages' outs are compared
                 x, y = va.get(key, "<missing>"), vb.get(key, "<missing>")
                 if x != y:
                     rows.append(_row(f"dvc.lock:{stage}:{part}:{key}", kind, x, y, vf.FAILING))
