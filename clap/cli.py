@@ -240,6 +240,23 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
+def _pr_check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", default="HEAD", help="the committed revision to compare with (default: HEAD)")
+    p.add_argument("--markdown", type=Path, help="also write the verdict and decision diff here (PR comment)")
+
+
+def _pr_check(args: argparse.Namespace) -> int:
+    from clap import params
+    from clap.release.prcheck import pr_check, render, write_markdown
+    from clap.release.verify import VerifyParams
+
+    result = pr_check(Path.cwd(), params.section("verify", VerifyParams), args.base)
+    print(render(result))
+    if args.markdown is not None:
+        write_markdown(result, args.markdown)
+    return 1 if result.failures else 0
+
+
 # name -> (help, declare arguments, run)
 SUBCOMMANDS: dict[
     str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -279,6 +296,12 @@ SUBCOMMANDS: dict[
         "re-run a committed batch from a clean checkout and compare decisions, metrics and hashes",
         _verify_args,
         _verify,
+    ),
+    "pr-check": (
+        "after `dvc repro`: fail when a committed decision, hash or value in metrics/, records/ or "
+        "dvc.lock differs from the working tree; timings, provenance and environment only inform",
+        _pr_check_args,
+        _pr_check,
     ),
 }
 
