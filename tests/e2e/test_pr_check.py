@@ -1,8 +1,8 @@
 """``clap pr-check`` on the tiny pipeline, as the PR workflow runs it after ``dvc repro``:
 
-- the session's tiny run, committed, then re-run from scratch (``--force --no-run-cache``, as a
-  fresh CI runner without a DVC remote does): timings, latencies and their dvc.lock hashes differ,
-  and the check passes;
+- the session's tiny run, committed, then its eval re-run from scratch (``--force --no-run-cache``, as
+  a fresh CI runner without a DVC remote does) and what that makes stale: timings, latencies and
+  their dvc.lock hashes differ, and the check passes;
 - a gate policy change in params.yaml, re-run: the batch's gate decision changes and the check
   fails, its diff naming the decision key.
 
@@ -49,8 +49,11 @@ def _pr_check(repo: Path, monkeypatch, capsys) -> tuple[int, str, pc.PrCheckResu
 
 def test_fresh_rerun_of_an_unchanged_repo_passes(repo, monkeypatch, capsys):
     before = io.read_json(repo / f"metrics/eval/{BATCH}.json")
-    done = run_dvc(repo, "repro", "--force", "--no-run-cache")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # eval re-run from scratch (forced, no run cache: a fresh CI runner without a DVC remote), then
+    # whatever its new metrics make stale (gate, summary): timings and their dvc.lock hashes differ
+    for args in (("repro", "--force", "--no-run-cache", "--single-item", f"eval@{BATCH}"), ("repro",)):
+        done = run_dvc(repo, *args)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert io.read_json(repo / f"metrics/eval/{BATCH}.json")["wall_s"] != before["wall_s"]
     assert git(repo, "status", "--porcelain", "--", "dvc.lock", "metrics/")  # raw bytes differ
 

@@ -216,7 +216,11 @@ def test_length_stats_count_truncated_and_dropped_rows():
     stats = tr.length_stats(items, max_length=20)
     assert stats["rows_truncated"] == 1 and stats["rows_dropped"] == 2  # prompt >= max_length: dropped
     # token counts are of the rows trained on: the masking check's denominator has no dropped prompt
-    assert (stats["prompt_tokens"], stats["completion_tokens"], stats["prompt_tokens_dropped"]) == (15, 25, 45)
+    assert (stats["prompt_tokens"], stats["completion_tokens"], stats["prompt_tokens_dropped"]) == (
+        15,
+        25,
+        45,
+    )
 
 
 def test_unknown_quantization_is_refused(tmp_path):
