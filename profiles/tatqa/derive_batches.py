@@ -10,10 +10,11 @@ contexts), one ``reports.json`` per batch folder under OUT_RAW:
   groups of about equal size, in source order. Contexts that look cut from one report (``linked_groups``:
   the same table uid, an identical paragraph text, or two or more identical distinctive numbers in their
   tables) always land in the same group.
-- ``reports-b-wrongcell``: a copy of ``reports-b`` in which every TRAINING question (``split_of``) whose
-  answer is a single table cell (answer_type ``span``, answer_from ``table``, the answer equal to a cell of
-  a data row after whitespace stripping) answers with the cell of the same column in another data row
-  (``wrong_cell``): still verbatim in the table, but the wrong fact. Nothing else changes.
+- ``reports-b-wrongcell``: a copy of ``reports-b`` in which every TRAINING single span (``split_of``;
+  answer_type ``span``, any answer_from) that is a whole data-row cell answers with the cell of the same
+  column in another data row (``wrong_cell``), and one that is a number printed in a paragraph with
+  another number of that paragraph (``wrong_number``): still verbatim in the report, but the wrong fact.
+  Nothing else changes.
 
 What was corrupted (question uid, old and new answer, the cells) goes to ``--manifest`` (default
 ``profiles/tatqa/corruption_manifest.json``). ``--table`` prints the per-batch counts (the table in
@@ -216,12 +217,43 @@ def wrong_cell(table: list[list[str]], r: int, k: int) -> tuple[int, str] | None
 
 
 def corruptible(question: dict) -> bool:
-    """A table-sourced single span (the kind the wrong-cell copy corrupts when it is a data cell)."""
-    return question["answer_type"] == "span" and question["answer_from"] == "table"
+    """A single span (the kind the wrong-cell copy corrupts when it is a data cell or a number in a paragraph)."""
+    return question["answer_type"] == "span"
+
+
+_PRINTED_NUMBER = re.compile(r"[$€£]?\(?\d[\d,]*(?:\.\d+)?\)?%?")
+
+
+def wrong_number(paragraphs: list[dict], answer: str) -> tuple[int, str] | None:
+    """(paragraph order, other number) for a number span of a paragraph: the next number as printed in
+    the first paragraph holding the span (wrapping around), neither containing nor contained in it,
+    a bare year excluded (a year is no amount); None if the span is not a number or none qualifies."""
+    old = answer.strip()
+    if not is_number(old):
+        return None
+    for para in sorted(paragraphs, key=lambda p: p["order"]):
+        at = para["text"].find(old)
+        if at < 0:
+            continue
+        found = [(m.start(), m.group(0)) for m in _PRINTED_NUMBER.finditer(para["text"])]
+        after = [x for x in found if x[0] > at] + [x for x in found if x[0] <= at]
+        for _, num in after:
+            bare = num.strip("()$€£%")
+            balanced = num.count("(") == num.count(")")
+            if balanced and old not in num and num not in old and not _YEAR.match(bare):
+                return para["order"], num
+        return None
+    return None
 
 
 def corrupt(contexts: list[dict]) -> tuple[list[dict], list[dict], Counter]:
-    """(corrupted deep copy, manifest entries, why-not counts) for the wrong-cell batch."""
+    """(corrupted deep copy, manifest entries, why-not counts) for the wrong-cell batch.
+
+    A training single span that is a whole data-row cell answers with the same column's cell of
+    another row (``wrong_cell``); one that is a number printed in a paragraph answers with another
+    number of that paragraph (``wrong_number``). Both stay verbatim in the report; both are the wrong
+    fact (a cell in the column's unit; a paragraph number possibly in another unit).
+    """
     out, manifest, skipped = copy.deepcopy(contexts), [], Counter()
     for c in out:
         table = c["table"]["table"]
@@ -234,28 +266,33 @@ def corrupt(contexts: list[dict]) -> tuple[list[dict], list[dict], Counter]:
                 continue
             (old,) = q["answer"]
             cell = locate_cell(table, old)
-            if cell is None:
-                in_header = any(x.strip() == old.strip() for row in table for x in row)
-                skipped[
-                    "train, a header cell (years of comparison questions)"
-                    if in_header
-                    else "train, not a whole cell"
-                ] += 1
-                continue
-            new = wrong_cell(table, *cell)
-            if new is None:
-                skipped["train, no other value in its column"] += 1
-                continue
-            q["answer"] = [new[1]]
+            new = wrong_cell(table, *cell) if cell is not None else None
+            if new is not None:
+                q["answer"] = [new[1]]
+                where = {"kind": "cell", "old_cell": list(cell), "new_cell": [new[0], cell[1]]}
+            else:
+                number = wrong_number(c["paragraphs"], old)
+                if number is None:
+                    in_header = any(x.strip() == old.strip() for row in table for x in row)
+                    skipped[
+                        "train, a header cell (years of comparison questions)"
+                        if in_header
+                        else "train, a column with no other value"
+                        if cell is not None
+                        else "train, neither a data cell nor a number in a paragraph"
+                    ] += 1
+                    continue
+                q["answer"] = [number[1]]
+                where = {"kind": "paragraph_number", "paragraph_order": number[0]}
             manifest.append(
                 {
                     "question_uid": q["uid"],
                     "table_uid": c["table"]["uid"],
                     "question": q["question"],
+                    "answer_from": q["answer_from"],
                     "old_answer": old,
-                    "new_answer": new[1],
-                    "old_cell": list(cell),
-                    "new_cell": [new[0], cell[1]],
+                    "new_answer": q["answer"][0],
+                    **where,
                     "derivation": q["derivation"],
                 }
             )
@@ -288,14 +325,16 @@ def derive(contexts: list[dict]) -> tuple[dict[str, list[dict]], dict]:
         "derived_from": WRONGCELL_FROM,
         "source_sha256": SOURCE_SHA256,
         "rule": (
-            "training questions (split_of(table uid) == 'train') with answer_type 'span', answer_from 'table' "
-            "and the answer equal (whitespace-stripped) to a data-row cell answer with the cell of the same "
-            "column in the next data row (wrapping) holding a different non-empty value (neither containing the other)"
+            "training questions (split_of(table uid) == 'train') with answer_type 'span': an answer equal "
+            "(whitespace-stripped) to a data-row cell answers with the cell of the same column in the next "
+            "data row (wrapping) holding a different non-empty value (neither containing the other); else a "
+            "number (as printed) in a paragraph answers with the next other number of that paragraph "
+            "(wrapping; not a bare year, neither containing the other)"
         ),
         "split_rule": {"seed": SEED, "shares": SHARES},
         "attribution": ATTRIBUTION,
         "corrupted": entries,
-        "table_spans_not_corrupted": dict(sorted(skipped.items())),
+        "spans_not_corrupted": dict(sorted(skipped.items())),
     }
     return batches, manifest
 

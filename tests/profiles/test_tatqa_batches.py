@@ -96,12 +96,12 @@ def _cells(table):
     return {cell.strip() for row in table for cell in row}
 
 
-def test_wrongcell_changes_only_training_table_span_answers(batches):
+def test_wrongcell_changes_only_training_span_answers_to_other_verbatim_facts(batches):
     manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
     by_uid = {e["question_uid"]: e for e in manifest["corrupted"]}
     orig, bad = batches["reports-b"], batches[WRONGCELL]
     assert len(orig) == len(bad)
-    changed = set()
+    changed, kinds = set(), {"cell": 0, "paragraph_number": 0}
     for c, w in zip(orig, bad):
         assert {k: v for k, v in c.items() if k != "questions"} == {
             k: v for k, v in w.items() if k != "questions"
@@ -115,19 +115,24 @@ def test_wrongcell_changes_only_training_table_span_answers(batches):
             if q["answer"] == qw["answer"]:
                 continue
             changed.add(q["uid"])
-            assert _split(c["table"]["uid"]) == "train"
-            assert (q["answer_type"], q["answer_from"]) == ("span", "table")
+            assert _split(c["table"]["uid"]) == "train" and q["answer_type"] == "span"
             (old,), (new,) = q["answer"], qw["answer"]
-            assert old.strip() in _cells(table) and new in _cells(table) and new != old.strip()
             e = by_uid[q["uid"]]
             assert (e["old_answer"], e["new_answer"], e["table_uid"]) == (old, new, c["table"]["uid"])
-            (r, k), (r2, k2) = e["old_cell"], e["new_cell"]
-            assert table[r][k].strip() == old.strip() and table[r2][k2].strip() == new
-            assert k2 == k and r2 != r, "same column, another row"
-            assert r >= D.header_rows(table) and r2 >= D.header_rows(table), "data rows"
             assert old.strip() not in new and new not in old.strip()
+            kinds[e["kind"]] += 1
+            if e["kind"] == "cell":
+                assert old.strip() in _cells(table) and new in _cells(table) and new != old.strip()
+                (r, k), (r2, k2) = e["old_cell"], e["new_cell"]
+                assert table[r][k].strip() == old.strip() and table[r2][k2].strip() == new
+                assert k2 == k and r2 != r, "same column, another row"
+                assert r >= D.header_rows(table) and r2 >= D.header_rows(table), "data rows"
+            else:  # another number printed in the paragraph that holds the old one: still verbatim
+                (para,) = [p for p in c["paragraphs"] if p["order"] == e["paragraph_order"]]
+                assert old.strip() in para["text"] and new in para["text"]
+                assert D.is_number(old) and not re.fullmatch(r"(19|20)\d\d", new.strip("()$€£%"))
     assert changed == set(by_uid)
-    assert len(changed) == 20
+    assert kinds == {"cell": 45, "paragraph_number": 6}
 
 
 def test_every_corruptible_training_question_was_corrupted_or_accounted_for(batches):
@@ -138,7 +143,7 @@ def test_every_corruptible_training_question_was_corrupted_or_accounted_for(batc
         for q in c["questions"]
         if _split(c["table"]["uid"]) == "train" and D.corruptible(q)
     ]
-    skipped = manifest["table_spans_not_corrupted"]
+    skipped = manifest["spans_not_corrupted"]
     train_skipped = sum(n for why, n in skipped.items() if why.startswith("train"))
     assert len(candidates) == len(manifest["corrupted"]) + train_skipped
 
