@@ -25,11 +25,17 @@ from clap.demo import noise as demo_noise
 from clap.demo.render import build_rows
 from clap.demo.world import build_world, number_tokens, wrong_column_answers
 from clap.params import section
+from clap.task.answer import load_answer_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "data" / "raw"
 P = demo.load_params(ROOT / "params.yaml")
-DECLARED = {s.name: s for s in section("assetize", A.AssetizeParams, ROOT / "params.yaml").declared()}
+DECLARED = {
+    s.name: s
+    for s in section("assetize", A.AssetizeParams, ROOT / "params.yaml").declared(
+        load_answer_schema(ROOT / "params.yaml")
+    )
+}
 CANON_UNITS = {"%", "pcs", "min", "s", "ppm"}
 LOOKALIKE = re.compile("[\u00a0\u0410\u0412\u0421\u2013\uff10-\uff19]")
 
