@@ -68,7 +68,7 @@ def run(
         replay  # its cases_sha256 binds the scored cases (the record's own bytes hold timings)
     )
     curves = detector_plot.read_curves(curves_csv)
-    evidence["detector"] = detector_plot.evidence_section(curves, train, io.sha256_file(curves_csv))
+    evidence["detector"] = detector_plot.evidence_section(curves, train, detector_plot.curves_sha256(curves))
     report = render_report(evidence)
     metrics = {
         **flat_metrics(result),

@@ -11,6 +11,8 @@ SVG polylines: no plotting dependency, byte-identical for the same rows.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from html import escape
@@ -51,6 +53,16 @@ def read_curves(path: Path | str) -> list[dict[str, float | None]]:
             return [{k: _number(v or "") for k, v in r.items()} for r in reader]
         except ValueError as e:
             raise ClapError(f"{path}: a cell is not a number: {e}") from e
+
+
+DRAWN = ("step", "loss", "probe_loss", "log_e", "log_threshold")  # what the picture shows (no timings)
+
+
+def curves_sha256(rows: Sequence[Row]) -> str:
+    """sha256 of the drawn columns of the curves (the CSV's own bytes hold a timing: tokens_per_s, so a
+    re-run's file hash differs while every drawn value is reproduced)."""
+    drawn = [[r.get(k) for k in DRAWN] for r in rows]
+    return hashlib.sha256(json.dumps(drawn, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def _points(rows: Sequence[Row], column: str) -> list[tuple[float, float]]:
