@@ -13,6 +13,7 @@ import pytest
 from conftest import make_tiny_adapter, run_stage, stage_params_dir, write_tiny_admitted
 
 from clap import io, params
+from clap.judge import detector_plot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +142,9 @@ def test_eval_gate_summary_chain(tiny_base, tmp_path):
     assert (
         "![detector](detector.svg)" in text and 'data-series="log_e"' in (report / "detector.svg").read_text()
     )
-    assert evidence["detector"]["curves_sha256"] == io.sha256_file(curves)
+    assert evidence["detector"]["curves_sha256"] == detector_plot.curves_sha256(
+        detector_plot.read_curves(curves)
+    )
 
     untrained = tmp_path / "untrained.csv"  # a batch not trained: the header alone
     untrained.write_text(curves.read_text().splitlines()[0] + "\n")

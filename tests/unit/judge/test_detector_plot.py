@@ -153,3 +153,19 @@ def test_committed_curves_agree_with_the_training_record(batch):
     hit = dp.crossing(curves)
     assert (int(hit[0]) if hit else -1) == record["detector_alarm_step"]
     assert dp.threshold(curves) == pytest.approx(record["detector_log_threshold"])
+
+
+def test_curves_hash_ignores_timing_columns():
+    rows = [
+        {
+            "step": 1.0,
+            "loss": 0.9,
+            "probe_loss": 1.0,
+            "log_e": 0.1,
+            "log_threshold": 3.0,
+            "tokens_per_s": 120.0,
+        }
+    ]
+    slower = [{**rows[0], "tokens_per_s": 80.0}]
+    assert dp.curves_sha256(rows) == dp.curves_sha256(slower)
+    assert dp.curves_sha256(rows) != dp.curves_sha256([{**rows[0], "log_e": 0.2}])
