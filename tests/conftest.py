@@ -437,6 +437,7 @@ REPORT_ANSWER = {
         "scale": {"role": "unit", "weight": 1},
     },
     "slice_columns": ["source_system"],
+    "show_doc_ids": True,
 }
 
 # A declared answer whose value is text (TAT-QA-shaped): a span of a financial report as it prints it
@@ -450,4 +451,5 @@ TEXT_ANSWER = {
         "scale": {"role": "unit", "weight": 1},
     },
     "slice_columns": ["question_type", "source_system"],
+    "show_doc_ids": True,
 }

@@ -54,6 +54,7 @@ class AnswerSchema:
     slice_columns: tuple[
         str, ...
     ]  # item columns results are also broken down by (e.g. source, question type)
+    show_doc_ids: bool = True  # each context document is shown after its ``[doc_id]`` (else its text only)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -128,8 +129,10 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
     Raises:
         ClapError: naming params.yaml and the dotted key of the first problem.
     """
-    if not isinstance(raw, dict) or set(raw) != {"instruction", "answer", "slice_columns"}:
-        raise _bad(f"{where} must have exactly the keys instruction, answer, slice_columns", where)
+    if not isinstance(raw, dict) or set(raw) != {"instruction", "answer", "slice_columns", "show_doc_ids"}:
+        raise _bad(
+            f"{where} must have exactly the keys instruction, answer, slice_columns, show_doc_ids", where
+        )
     answer = raw["answer"]
     if not isinstance(answer, dict) or not answer:
         raise _bad(f"{where}.answer must map field names to their declarations", f"{where}.answer")
@@ -186,7 +189,9 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
     extra = raw["slice_columns"]
     if not isinstance(extra, list) or not all(isinstance(c, str) for c in extra):
         raise _bad(f"{where}.slice_columns must be a list of item columns", f"{where}.slice_columns")
-    return AnswerSchema(str(raw["instruction"]).strip(), tuple(fields), tuple(extra))
+    if not isinstance(raw["show_doc_ids"], bool):
+        raise _bad(f"{where}.show_doc_ids must be true or false", f"{where}.show_doc_ids")
+    return AnswerSchema(str(raw["instruction"]).strip(), tuple(fields), tuple(extra), raw["show_doc_ids"])
 
 
 def load_answer_schema(path: Path | str = PARAMS) -> AnswerSchema:

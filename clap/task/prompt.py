@@ -107,9 +107,10 @@ def answer_json_schema(
     }
 
 
-def format_context(docs: Iterable[tuple[str, str]]) -> str:
-    """Render (doc_id, text) pairs as the context block; an empty list renders NO_CONTEXT."""
-    lines = [f"[{doc_id}] {text.strip()}" for doc_id, text in docs]
+def format_context(docs: Iterable[tuple[str, str]], show_doc_ids: bool = True) -> str:
+    """Render (doc_id, text) pairs as the context block, one document per line, each after its
+    ``[doc_id]`` when ``show_doc_ids``; an empty list renders NO_CONTEXT."""
+    lines = [f"[{doc_id}] {text.strip()}" if show_doc_ids else text.strip() for doc_id, text in docs]
     return "\n".join(lines) if lines else NO_CONTEXT
 
 
@@ -117,7 +118,7 @@ def build_messages(
     question: str, docs: Sequence[tuple[str, str]] | None, schema: AnswerSchema
 ) -> list[dict[str, str]]:
     """Chat messages (system + user) for one question; ``docs=None`` or ``[]`` is the no-RAG condition."""
-    user = f"Context:\n{format_context(docs or [])}\n\nQuestion: {question.strip()}"
+    user = f"Context:\n{format_context(docs or [], schema.show_doc_ids)}\n\nQuestion: {question.strip()}"
     return [{"role": "system", "content": schema.system_prompt}, {"role": "user", "content": user}]
 
 

@@ -110,6 +110,7 @@ def test_the_space_s_declared_answer_shapes_prompt_and_parsing(kb, monkeypatch):
                 "value": {"role": "value", "type": "number", "weight": 1},
             },
             "slice_columns": [],
+            "show_doc_ids": True,
         }
     )
     text = '{"row": "oee", "period": "2026-01-15", "metric": "oee", "evidence": "x", "value": 86}'

@@ -118,6 +118,7 @@ BAD = [
     (_with(("answer",), {}), "task.answer"),
     (_with(("slice_columns",), "source_system"), "task.slice_columns"),
     (_with(("instruction",), None), "task"),
+    (_with(("show_doc_ids",), "yes"), "task.show_doc_ids"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -58,6 +59,14 @@ def test_messages_with_and_without_context():
     ex = prompt.build_example("q", docs, ANSWER, SCHEMA)
     assert ex["prompt"] == prompt.build_messages("q", docs, SCHEMA)
     assert ex["completion"][0]["content"] == prompt.format_answer(ANSWER, SCHEMA)
+
+
+def test_context_without_doc_ids_shows_each_documents_text_on_its_own_line():
+    docs = [("9989ca79-5332-47be-a08e-85f2648cdde7/r3", "Revenue: 2019 154,159 "), ("p-1", "It grew.")]
+    hidden = dataclasses.replace(SCHEMA, show_doc_ids=False)
+    user = prompt.build_messages("q", docs, hidden)[1]["content"]
+    assert user == "Context:\nRevenue: 2019 154,159\nIt grew.\n\nQuestion: q"
+    assert "[p-1] It grew." in prompt.build_messages("q", docs, SCHEMA)[1]["content"]
 
 
 def test_answer_schema_ties_unit_to_metric_and_grounds_evidence_and_date():
