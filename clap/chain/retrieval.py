@@ -7,16 +7,16 @@ tokens cannot match those, so every text is *analyzed* into three kinds of terms
 - words: case-folded letter/digit runs of two or more characters, stopwords removed, taken
   only from the text no entity or concept matched (so "late" in "the late shift" counts
   once, as ``shift=b``);
-- entities: the production line (``line=l5``), shift (``shift=b``), month-day
-  (``date=01-27``) and year (``year=2026``) found in the text; a document also gets them
-  from its ``line``/``shift``/``date`` columns, which normalize derived from its source
-  record, so a document whose prose says "Thursday 22 January" still matches "22.01.";
+- entities: the key fields params ``chain.retrieval.entities`` declares (the demo: a production
+  line ``line=l5``, a shift ``shift=b``, a month-day ``date=01-27`` and its ``year=2026``), found
+  in the text; a document also gets them from its own key columns, which normalize derived from its
+  source record, so a document whose prose says "Thursday 22 January" still matches "22.01.";
 - concepts: every phrase of the params lexicon (``chain.retrieval.concepts``, e.g.
   ``downtime: [downtime, stoppage, stood still]``) becomes one ``concept=<name>`` term.
 
 A question lists its entity terms ``entity_weight`` times (bm25s adds a repeated query
-term's score once per repeat): line, shift and date pin a fact down, the metric words then
-choose among the ~2 documents of that line, shift and day. The BM25 scoring is ``bm25s``
+term's score once per repeat): the entities pin a fact down (in the demo: line, shift and day),
+the other words then choose among the few documents that share them. The BM25 scoring is ``bm25s``
 (lucene variant, index built once per knowledge base). Ranking is by score, ties by KB row
 order (a stable sort, so retrieval is deterministic), and a document that shares no term
 with the question is never returned. No stemmer is used: the lexicon covers the variants that matter
@@ -60,12 +60,55 @@ _DATE_PATTERNS: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(rf"\b(\d{{1,2}}){_ORD}\s+(?:of\s+)?({_MONTH_RE})\.?(?:,?\s+(\d{{4}}))?\b"), "dMy"),
     (re.compile(rf"\b({_MONTH_RE})\.?\s+(\d{{1,2}}){_ORD}\b(?:,?\s+(\d{{4}}))?"), "Mdy"),
 )
-_LINE_PATTERNS = (
-    re.compile(r"\b(?:line|ln)\s*[-#.]?\s*l?\s*0*(\d{1,2})\b"),  # "line 5", "Line L5", "ln-05"
-    re.compile(r"\bl\s*-?\s*0*(\d{1,2})\b"),  # "L5", "L-5"
-)
 _WORD = re.compile(r"[^\W_]+")  # letters and digits of any script
 STOPWORD_SETS = ("en", "none")
+ENTITY_KINDS = ("code", "anchored", "date")
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityParams:
+    """How one key field is written in questions and prose (params ``chain.retrieval.entities.<field>``).
+
+    ``kind: code``: a letter and a number (``letter: l``: "L5", "L-5"), also after a prefix word
+    (``prefixes: [line, ln]``: "line 5", "Line L5", "ln-05") -> ``<field>=l5``; a KB row's column
+    "L5" gives the same term. ``kind: anchored``: an anchor word with a one-letter value ("shift B",
+    "B shift", "shift (c)") or a prose word before it (``words: {B: [late]}``: "late shift") ->
+    ``<field>=b``; the row's column "B" too. ``kind: date``: ISO, US, dotted and English-month
+    dates -> ``<field>=MM-DD`` (+ ``year=YYYY`` when written); the row's ISO date too.
+    """
+
+    kind: str
+    letter: str = ""
+    prefixes: tuple[str, ...] = ()
+    anchor: str = ""
+    words: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+
+
+def _entity_params(field: str, raw: Any) -> EntityParams:
+    allowed = {"code": {"letter", "prefixes"}, "anchored": {"anchor", "words"}, "date": set()}
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    where = f"chain.retrieval.entities.{field}"
+    if kind not in ENTITY_KINDS or set(raw) - {"kind"} != allowed[kind]:
+        raise ClapError(
+            f"{where}: kind one of {list(ENTITY_KINDS)} with exactly the keys code: letter, prefixes | "
+            "anchored: anchor, words | date: none",
+            file="params.yaml",
+            column=where,
+            rule="bad_params",
+        )
+    if kind == "code" and not (isinstance(raw["letter"], str) and len(raw["letter"]) == 1):
+        raise ClapError(
+            f"{where}.letter must be one letter", file="params.yaml", column=where, rule="bad_params"
+        )
+    if kind == "anchored" and not (isinstance(raw["anchor"], str) and raw["anchor"].strip()):
+        raise ClapError(f"{where}.anchor must be a word", file="params.yaml", column=where, rule="bad_params")
+    return EntityParams(
+        kind,
+        str(raw.get("letter", "")),
+        tuple(str(w) for w in raw.get("prefixes", ())),
+        str(raw.get("anchor", "")),
+        {str(k): [str(w) for w in ws] for k, ws in raw.get("words", {}).items()},
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +120,24 @@ class RetrievalParams:
     entity_weight: int
     stopwords: str
     concepts: dict[str, list[str]]
-    shift_words: dict[str, list[str]]
+    entities: dict[str, Any]  # field -> EntityParams (a raw mapping from params is checked and converted)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.entities, dict):
+            raise ClapError(
+                "chain.retrieval.entities must map key fields to their declarations",
+                file="params.yaml",
+                column="chain.retrieval.entities",
+                rule="bad_params",
+            )
+        object.__setattr__(
+            self,
+            "entities",
+            {
+                str(f): e if isinstance(e, EntityParams) else _entity_params(str(f), e)
+                for f, e in self.entities.items()
+            },
+        )
         if (
             self.stopwords not in STOPWORD_SETS
             or self.k1 < 0
@@ -124,33 +182,30 @@ class Analyzer:
         self.concepts = [
             (name, _phrase_re(phrases)) for name, phrases in sorted(p.concepts.items()) if phrases
         ]
-        self.shift_of = {_fold(w): s.lower() for s, ws in p.shift_words.items() for w in ws}
-        self.shift_of.update({s.lower(): s.lower() for s in p.shift_words})
-        letters = "".join(sorted(s.lower() for s in p.shift_words))
-        words = "|".join(re.escape(w) for w in sorted(self.shift_of, key=len, reverse=True) if len(w) > 1)
-        self.shift_patterns = (
-            [
-                re.compile(rf"\bshift\s*\(?\s*([{letters}])\b"),  # "shift B", "shift (c)"
-                re.compile(rf"\b([{letters}])\s*-?\s*shift\b"),  # "B shift", "a-shift"
-            ]
-            if letters  # no shift words declared: a knowledge base without shifts
-            else []
-        ) + ([re.compile(rf"\b({words})\s+shift\b")] if words else [])  # "late shift"
+        self.entity_fields = dict(p.entities)
+        # (field, pattern, term of a match) per declared code and anchored field; dates are scanned apart
+        self.patterns: list[tuple[re.Pattern, Any]] = []
+        self.date_fields = [f for f, e in p.entities.items() if e.kind == "date"]
+        for field, e in p.entities.items():
+            if e.kind == "code":
+                self.patterns += _code_patterns(field, e)
+            elif e.kind == "anchored":
+                self.patterns += _anchored_patterns(field, e)
 
     def scan(self, text: str) -> tuple[set[str], list[str], str]:
         """(entity terms, concept terms, the folded text with every matched span blanked out)."""
         folded = _fold(text)
         entities: set[str] = set()
         spans: list[tuple[int, int]] = []
-        for make, patterns in ((_line_term, _LINE_PATTERNS), (self._shift_term, self.shift_patterns)):
-            for rx in patterns:
-                for m in rx.finditer(folded):
-                    entities.add(make(m))
-                    spans.append(m.span())
-        for rx, order in _DATE_PATTERNS:
+        for rx, make in self.patterns:
             for m in rx.finditer(folded):
-                entities |= _date_terms(dict(zip(order, m.groups())))
+                entities.add(make(m))
                 spans.append(m.span())
+        for field in self.date_fields:
+            for rx, order in _DATE_PATTERNS:
+                for m in rx.finditer(folded):
+                    entities |= _date_terms(field, dict(zip(order, m.groups())))
+                    spans.append(m.span())
         concepts = []
         for name, rx in self.concepts:
             for m in rx.finditer(folded):
@@ -161,12 +216,26 @@ class Analyzer:
             chars[a:b] = " " * (b - a)
         return entities, concepts, "".join(chars)
 
-    def _shift_term(self, m: re.Match) -> str:
-        return f"shift={self.shift_of[m.group(1)]}"
-
     def entities(self, text: str) -> set[str]:
-        """Entity terms (line, shift, month-day, year) written in ``text``."""
+        """Entity terms (the declared key fields, a date's year) written in ``text``."""
         return self.scan(text)[0]
+
+    def metadata(self, row: Mapping[str, Any]) -> set[str]:
+        """Entity terms of a KB row's own columns of the declared fields (a missing or malformed one is
+        skipped: a document need not carry every key)."""
+        out: set[str] = set()
+        for field, e in self.entity_fields.items():
+            value = row.get(field)
+            if not isinstance(value, str) or not value.strip():
+                continue
+            value = value.strip()
+            if e.kind == "code" and re.fullmatch(rf"{re.escape(e.letter)}\d+", value, re.IGNORECASE):
+                out.add(f"{field}={e.letter.lower()}{int(value[1:])}")
+            elif e.kind == "anchored":
+                out.add(f"{field}={value.lower()}")
+            elif e.kind == "date" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+                out |= {f"{field}={value[5:]}", f"year={value[:4]}"}
+        return out
 
     def terms(self, text: str, extra: set[str] = frozenset(), entity_repeat: int = 1) -> list[str]:
         """BM25 terms of ``text``: words outside entity/concept spans, entities (plus ``extra``), concepts.
@@ -182,12 +251,43 @@ class Analyzer:
         return words + sorted(entities | set(extra)) * entity_repeat + concepts
 
 
-def _line_term(m: re.Match) -> str:
-    return f"line=l{int(m.group(1))}"
+def _code_patterns(field: str, e: EntityParams) -> list[tuple[re.Pattern, Any]]:
+    letter = re.escape(e.letter.casefold())
+
+    def term(m: re.Match) -> str:
+        return f"{field}={e.letter.lower()}{int(m.group(1))}"
+
+    out = []
+    if e.prefixes:
+        words = "|".join(re.escape(_fold(w)) for w in e.prefixes)
+        out.append(
+            (re.compile(rf"\b(?:{words})\s*[-#.]?\s*{letter}?\s*0*(\d{{1,2}})\b"), term)
+        )  # "line 5", "Line L5"
+    out.append((re.compile(rf"\b{letter}\s*-?\s*0*(\d{{1,2}})\b"), term))  # "L5", "L-5"
+    return out
 
 
-def _date_terms(parts: Mapping[str, str | None]) -> set[str]:
-    """``date=MM-DD`` (+ ``year=YYYY``) from regex groups keyed y/m/d (M: a month name)."""
+def _anchored_patterns(field: str, e: EntityParams) -> list[tuple[re.Pattern, Any]]:
+    value_of = {_fold(w): v.lower() for v, ws in e.words.items() for w in ws}
+    value_of.update({v.lower(): v.lower() for v in e.words})
+    anchor = re.escape(_fold(e.anchor))
+    letters = "".join(sorted(v.lower() for v in e.words if len(v) == 1))
+    words = "|".join(re.escape(w) for w in sorted(value_of, key=len, reverse=True) if len(w) > 1)
+
+    def term(m: re.Match) -> str:
+        return f"{field}={value_of[m.group(1)]}"
+
+    out = []
+    if letters:
+        out.append((re.compile(rf"\b{anchor}\s*\(?\s*([{letters}])\b"), term))  # "shift B", "shift (c)"
+        out.append((re.compile(rf"\b([{letters}])\s*-?\s*{anchor}\b"), term))  # "B shift", "a-shift"
+    if words:
+        out.append((re.compile(rf"\b({words})\s+{anchor}\b"), term))  # "late shift"
+    return out
+
+
+def _date_terms(field: str, parts: Mapping[str, str | None]) -> set[str]:
+    """``<field>=MM-DD`` (+ ``year=YYYY``) from regex groups keyed y/m/d (M: a month name)."""
     month = (
         MONTHS.index(next(m for m in MONTHS if m.startswith(parts["M"][:3]))) + 1
         if parts.get("M")
@@ -196,21 +296,7 @@ def _date_terms(parts: Mapping[str, str | None]) -> set[str]:
     day, year = int(parts["d"]), parts.get("y")
     if not (1 <= month <= 12 and 1 <= day <= 31):
         return set()
-    return {f"date={month:02d}-{day:02d}"} | ({f"year={year}"} if year else set())
-
-
-def metadata_entities(row: Mapping[str, Any]) -> set[str]:
-    """Entity terms of a KB row's ``line``/``shift``/``date`` columns (missing ones skipped: a knowledge
-    base whose declared answer has other key fields carries none of them)."""
-    out: set[str] = set()
-    line, shift, date = (row.get(k) for k in ("line", "shift", "date"))
-    if isinstance(line, str) and re.fullmatch(r"L\d+", line):
-        out.add(f"line=l{int(line[1:])}")
-    if isinstance(shift, str) and shift.strip():
-        out.add(f"shift={shift.strip().lower()}")
-    if isinstance(date, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", date):
-        out |= {f"date={date[5:]}", f"year={date[:4]}"}
-    return out
+    return {f"{field}={month:02d}-{day:02d}"} | ({f"year={year}"} if year else set())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +313,7 @@ class KBIndex:
 
     Args:
         kb: the admitted ``kb.parquet`` frame (``doc_id``, ``title``, ``body``, and the key
-            columns normalize joined, of which ``line``, ``shift``, ``date`` give entity terms);
+            columns normalize joined, of which the declared entity fields give entity terms);
             ``doc_id`` must be unique.
         p: retrieval params.
     """
@@ -253,7 +339,9 @@ class KBIndex:
         self.entity_weight = p.entity_weight
         self.retriever = bm25s.BM25(k1=p.k1, b=p.b, method="lucene") if rows else None
         if self.retriever is not None:
-            corpus = [self.analyzer.terms(f"{r['title']}. {r['body']}", metadata_entities(r)) for r in rows]
+            corpus = [
+                self.analyzer.terms(f"{r['title']}. {r['body']}", self.analyzer.metadata(r)) for r in rows
+            ]
             self.retriever.index(corpus, show_progress=False)
 
     def __len__(self) -> int:

@@ -29,7 +29,11 @@ RP = RetrievalParams(
     entity_weight=2,
     stopwords="en",
     concepts={"oee": ["oee"]},
-    shift_words={"A": ["early"], "B": ["late"]},
+    entities={
+        "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
+        "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
+        "date": {"kind": "date"},
+    },
 )
 CP = ChainParams(top_k=2, max_new_tokens=6, decoding="free", retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'

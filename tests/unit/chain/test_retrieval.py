@@ -7,7 +7,7 @@ import pytest
 
 from clap import params
 from clap.chain.chain import ChainParams
-from clap.chain.retrieval import Analyzer, KBIndex, RetrievalParams, metadata_entities
+from clap.chain.retrieval import Analyzer, KBIndex, RetrievalParams
 from clap.errors import ClapError
 
 RP = RetrievalParams(
@@ -22,7 +22,15 @@ RP = RetrievalParams(
         "defects": ["defect", "defects", "ppm"],
         "oee": ["oee", "overall equipment effectiveness"],
     },
-    shift_words={"A": ["early", "morning"], "B": ["late"], "C": ["night"]},
+    entities={
+        "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
+        "shift": {
+            "kind": "anchored",
+            "anchor": "shift",
+            "words": {"A": ["early", "morning"], "B": ["late"], "C": ["night"]},
+        },
+        "date": {"kind": "date"},
+    },
 )
 AN = Analyzer(RP)
 
@@ -105,13 +113,44 @@ def test_entity_repeat_and_extra():
 
 
 def test_metadata_entities_skip_missing():
-    assert metadata_entities({"line": "L3", "shift": "B", "date": "2026-03-14"}) == {
+    assert AN.metadata({"line": "L3", "shift": "B", "date": "2026-03-14"}) == {
         "line=l3",
         "shift=b",
         "date=03-14",
         "year=2026",
     }
-    assert metadata_entities({"line": None, "shift": float("nan"), "date": None}) == set()
+    assert AN.metadata({"line": None, "shift": float("nan"), "date": None}) == set()
+    assert AN.metadata({"line": "Mill 3", "date": "14.03.2026"}) == set()  # not the declared forms
+
+
+def test_entities_are_declared_not_built_in():
+    # another domain: a report's fiscal quarter (code "q3") and segment ("segment North"), no dates
+    other = Analyzer(
+        RetrievalParams(
+            k1=1.5,
+            b=0.75,
+            entity_weight=1,
+            stopwords="en",
+            concepts={},
+            entities={
+                "quarter": {"kind": "code", "letter": "q", "prefixes": ["quarter", "fiscal quarter"]},
+                "segment": {"kind": "anchored", "anchor": "segment", "words": {"north": ["northern"]}},
+            },
+        )
+    )
+    assert other.entities("revenue in fiscal quarter 3 of the northern segment, line 5 on 2026-03-14") == {
+        "quarter=q3",
+        "segment=north",
+    }
+    assert other.metadata({"quarter": "Q3", "segment": "North", "line": "L5"}) == {
+        "quarter=q3",
+        "segment=north",
+    }
+    bare = Analyzer(
+        RetrievalParams(k1=1.5, b=0.75, entity_weight=1, stopwords="en", concepts={}, entities={})
+    )
+    assert bare.entities("line 5, the late shift, 2026-03-14") == set()  # nothing declared: plain words only
+    assert "line" in bare.terms("line 5, the late shift")
 
 
 def _kb(rows):
@@ -195,6 +234,15 @@ def test_params_section_is_valid_and_bad_values_refused():
     p = params.section("chain", ChainParams)
     assert p.top_k >= 1 and p.retrieval.entity_weight >= 1
     with pytest.raises(ClapError, match="stopwords"):
-        RetrievalParams(k1=1.5, b=0.75, entity_weight=1, stopwords="klingon", concepts={}, shift_words={})
+        RetrievalParams(k1=1.5, b=0.75, entity_weight=1, stopwords="klingon", concepts={}, entities={})
     with pytest.raises(ClapError):
-        RetrievalParams(k1=1.5, b=1.5, entity_weight=1, stopwords="en", concepts={}, shift_words={})
+        RetrievalParams(k1=1.5, b=1.5, entity_weight=1, stopwords="en", concepts={}, entities={})
+    for bad in (
+        {"kind": "colour"},
+        {"kind": "code", "letter": "ln", "prefixes": []},
+        {"kind": "date", "anchor": "x"},
+    ):
+        with pytest.raises(ClapError, match="entities.line"):
+            RetrievalParams(
+                k1=1.5, b=0.75, entity_weight=1, stopwords="en", concepts={}, entities={"line": bad}
+            )

@@ -27,7 +27,18 @@ CP = ChainParams(
     top_k=2,
     max_new_tokens=6,
     decoding="free",
-    retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
+    retrieval=RetrievalParams(
+        1.5,
+        0.75,
+        2,
+        "en",
+        {"oee": ["oee"]},
+        {
+            "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
+            "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
+            "date": {"kind": "date"},
+        },
+    ),
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
 

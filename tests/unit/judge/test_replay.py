@@ -37,7 +37,18 @@ CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
     decoding="free",
-    retrieval=RetrievalParams(1.5, 0.75, 2, "en", {"oee": ["oee"]}, {"A": ["early"], "B": ["late"]}),
+    retrieval=RetrievalParams(
+        1.5,
+        0.75,
+        2,
+        "en",
+        {"oee": ["oee"]},
+        {
+            "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
+            "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
+            "date": {"kind": "date"},
+        },
+    ),
 )
 RPARAMS = EvalParams(
     batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
