@@ -9,6 +9,11 @@ whether a re-run is expected to be byte-identical (``determinism: bytes``, CPU) 
 within a tolerance (``determinism: tolerance``, CUDA: kernels and atomics reorder float
 sums, so adapter bytes can differ between runs; the record then carries a logical hash of
 the weights rounded to ``logical_decimals`` and the tolerance ``clap verify`` applies).
+
+Byte-identity also stops at the hardware: torch picks its CPU kernels by instruction set
+(AVX-512 and AVX2 kernels sum floats in another order), so every training and eval record
+carries ``hardware`` (:func:`hardware_class`), and ``clap verify`` compares a re-run on another
+hardware class within the tolerances of params ``verify`` instead of by bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,13 +89,64 @@ def mode(device: str) -> str:
     return "tolerance" if device.startswith("cuda") else "bytes"
 
 
+# instruction-set classes, widest first: (class, the /proc/cpuinfo flag that has it)
+ISA_CLASSES: dict[str, tuple[tuple[str, str], ...]] = {
+    "x86_64": (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")),
+    "aarch64": (("sve", "sve"), ("neon", "asimd")),
+}
+CPU_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_class(machine: str, cpuinfo: str) -> str:
+    """``<arch>-<isa>[-<vendor>]`` from ``platform.machine()`` and the text of /proc/cpuinfo.
+
+    The ISA class is the widest vector extension the first CPU's flags list (``x86_64-avx512``,
+    ``x86_64-avx2``, ``aarch64-neon``; ``base`` when none, ``unknown`` when there is no flags
+    line, e.g. no /proc/cpuinfo); the vendor (``intel``, ``amd``, else ``vendor_id`` lowercased)
+    is appended when cpuinfo names one.
+    """
+    flags: set[str] | None = None
+    vendor = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("flags", "features") and flags is None:
+            flags = set(value.split())
+        elif key == "vendor_id" and not vendor:
+            vendor = value.strip()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.lower(), machine.lower()) or "unknown"
+    if flags is None:
+        isa = "unknown"
+    else:
+        isa = next((name for name, flag in ISA_CLASSES.get(arch, ()) if flag in flags), "base")
+    vendor = CPU_VENDORS.get(vendor, vendor.lower().replace(" ", "_"))
+    return f"{arch}-{isa}-{vendor}" if vendor else f"{arch}-{isa}"
+
+
+def hardware_class(device: str) -> str:
+    """The class of hardware a run's floats depend on: ``cuda:<device name>`` on CUDA, else the
+    CPU's :func:`cpu_class` (e.g. ``x86_64-avx512-intel``, ``x86_64-avx2-amd``). Two runs of
+    one class are expected byte-identical (CPU); across classes only within a tolerance."""
+    if device.startswith("cuda"):
+        import torch
+
+        return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
+    try:
+        cpuinfo = CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: the class says so (`unknown`) rather than guessing
+        cpuinfo = ""
+    return cpu_class(platform.machine(), cpuinfo)
+
+
 def record(p: DeterminismParams, device: str) -> dict[str, Any]:
-    """The flat determinism record merged into training, eval and gate records."""
+    """The flat determinism record merged into training and eval records."""
     import torch
 
     return {
         "deterministic_algorithms": int(torch.are_deterministic_algorithms_enabled()),
         "determinism": mode(device),
+        "hardware": hardware_class(device),
         "adapter_abs_tol": p.adapter_abs_tol if mode(device) == "tolerance" else 0.0,
         **versions(p.packages),
     }
@@ -133,5 +190,11 @@ def gate_record(train: Mapping[str, Any], p: DeterminismParams) -> dict[str, Any
     """What the gate's decision rests on, for its flat record (all of it lands in records/gate/<b>.json):
     the installed versions and the training run's seed, threads and determinism (``train_`` prefix;
     -1/"" when not trained; ``train`` is the merged metrics+record, :func:`clap.io.read_flat`)."""
-    keys = {"seed": -1, "torch_threads": -1, "deterministic_algorithms": -1, "determinism": ""}
+    keys = {
+        "seed": -1,
+        "torch_threads": -1,
+        "deterministic_algorithms": -1,
+        "determinism": "",
+        "hardware": "",
+    }
     return {**versions(p.packages), **{f"train_{k}": train.get(k, default) for k, default in keys.items()}}

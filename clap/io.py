@@ -270,10 +270,12 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "torch_threads",
     "*_torch_threads",
     "world_size",
-    # where and how it ran: device, machine, precision, determinism mode
+    # where and how it ran: device, machine, hardware class, precision, determinism mode
     "device",
     "*_device",
     "machine",
+    "hardware",
+    "*_hardware",
     "precision",
     "decoding",
     "determinism",

@@ -19,6 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from clap import determinism, io, params, stage  # noqa: E402
+from clap.model.base import default_device  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.grpo import run_probe  # noqa: E402
@@ -45,7 +46,8 @@ def run(
     if not result.is_main:
         return None
     result.record.update(
-        determinism.versions(params.section("determinism", determinism.DeterminismParams).packages)
+        determinism.versions(params.section("determinism", determinism.DeterminismParams).packages),
+        hardware=determinism.hardware_class(default_device()),
     )
     io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), result.record)
     io.atomic_write_text(curves_path, curves_csv(result.curves, CURVE_COLUMNS))

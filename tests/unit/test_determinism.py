@@ -18,7 +18,11 @@ P = det.DeterminismParams(
 )
 
 
-def test_record_says_bytes_on_cpu_and_tolerance_on_cuda():
+def test_record_says_bytes_on_cpu_and_tolerance_on_cuda(monkeypatch):
+    real = det.hardware_class
+    monkeypatch.setattr(
+        det, "hardware_class", lambda d: "cuda:NVIDIA H200" if d.startswith("cuda") else real(d)
+    )
     det.apply(P)
     try:
         cpu, cuda = det.record(P, "cpu"), det.record(P, "cuda:0")
@@ -30,6 +34,7 @@ def test_record_says_bytes_on_cpu_and_tolerance_on_cuda():
         and cpu["adapter_abs_tol"] == 0.0
     )
     assert cuda["determinism"] == "tolerance" and cuda["adapter_abs_tol"] == 1e-4
+    assert cuda["hardware"] == "cuda:NVIDIA H200" and cpu["hardware"] == real("cpu")
     assert (
         cpu["pyarrow_version"] == __import__("pyarrow").__version__
         and cpu["no-such-package_version"] == "missing"
@@ -64,3 +69,23 @@ def test_gate_record_copies_the_training_run_settings():
         "bytes",
     ) and "pandas_version" in rec
     assert det.gate_record({}, P)["train_seed"] == -1
+
+
+INTEL_AVX512 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw\n\nprocessor\t: 1\n"
+AMD_AVX2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes crc32\nCPU implementer\t: 0x41\n"
+
+
+def test_cpu_class_is_architecture_widest_vector_isa_and_vendor():
+    assert det.cpu_class("x86_64", INTEL_AVX512) == "x86_64-avx512-intel"
+    assert det.cpu_class("x86_64", AMD_AVX2) == "x86_64-avx2-amd"
+    assert det.cpu_class("AMD64", AMD_AVX2.replace(" avx avx2", "")) == "x86_64-base-amd"
+    assert det.cpu_class("aarch64", ARM) == "aarch64-neon"
+    assert det.cpu_class("arm64", "") == "aarch64-unknown"  # no /proc/cpuinfo: said, not guessed
+
+
+def test_records_carry_the_hardware_class_and_the_gate_copies_the_training_one():
+    rec = det.record(P, "cpu")
+    assert rec["hardware"] == det.hardware_class("cpu") and rec["hardware"].count("-") >= 1
+    assert det.gate_record({"hardware": "x86_64-avx2-amd"}, P)["train_hardware"] == "x86_64-avx2-amd"
+    assert det.gate_record({}, P)["train_hardware"] == ""

@@ -54,6 +54,8 @@ FLAT = {
     # record: where and how it ran
     "device": "cpu",
     "machine": "x86_64",
+    "hardware": "x86_64-avx512-intel",
+    "train_hardware": "x86_64-avx512-intel",
     "precision": "fp32-lora",
     "determinism": "bytes",
     "train_determinism": "bytes",
@@ -90,7 +92,7 @@ def test_counts_rates_decisions_and_timings_stay_metrics():
         ["torch_version", "numpy_version"],
         ["seed", "detector_seed", "train_seed", "torch_threads", "train_torch_threads", "world_size"],
         ["device", "machine", "precision", "determinism", "train_determinism", "deterministic_algorithms"],
-        ["train_deterministic_algorithms"],
+        ["train_deterministic_algorithms", "hardware", "train_hardware"],
         ["resumed_from", "start_from", "incumbent_batch"],
         ["kb_documents.encoding"],
         ["source", "source_file", "source_kind", "weights_files", "architecture", "dtype"],

@@ -194,13 +194,227 @@ def test_table_condenses_matching_keys_and_shows_every_difference():
     ]
     text = vf.render_table(vf.VerifyResult("0123456789abcdef", ["b"], rows, 1.5))
     assert (
-        "| m.json [2 keys] | value |  |  | match |" in text
-        and "| m.json [1 keys] | timing |  |  | expected |" in text
+        "| m.json [2 keys] | value |  |  |  | match |" in text
+        and "| m.json [1 keys] | timing |  |  |  | expected |" in text
     )
     assert (
-        "| m.json:c | value | 1 | 2 | DIFFERS |" in text
-        and "| m.json:decision | decision | hold | hold | match |" in text
+        "| m.json:c | value |  | 1 | 2 | DIFFERS |" in text
+        and "| m.json:decision | decision |  | hold | hold | match |" in text
     )
     assert text.rstrip().endswith(
         "verify 0123456789ab batches b: NOT REPRODUCED (1 differences); DIFFERS 1, expected 1, match 4; 1.5 s"
     )
+    result = vf.VerifyResult("0123456789abcdef", ["b"], rows[:2], 1.5, vf.MODE_NO_REMOTE, ["b: note"])
+    text = vf.render_table(result)
+    assert "\n- b: note\n" in text and text.rstrip().endswith(
+        "verify 0123456789ab batches b (rebuilt from data/raw, no remote): REPRODUCED; match 2; 1.5 s"
+    )
+    by = [
+        vf.Row("m.json:a", "value", "1", "1", "match", "value"),
+        vf.Row("d/x", "hash", "", "", "match", vf.BY_LOCK),
+    ]
+    text = vf.render_table(vf.VerifyResult("0123456789abcdef", ["b"], by, 1.5))
+    assert (
+        "| m.json [1 keys] | value | value |  |  | match |" in text
+        and "| d/x | hash | dvc.lock md5 |" in text
+    )
+    assert "; match 2; compared by dvc.lock md5 1, value 1; 1.5 s" in text
+
+
+# --- another hardware class ---------------------------------------------------------------
+TRAIN = {"decision": "hold", "steps": 32, "train_loss_end": 0.030669134110212326, "health": "ok"}
+
+
+def _batch_root(root, hardware: str, **train):
+    """A committed or reproduced output tree: records/train/b.json names the hardware class."""
+    io.write_metrics_and_record(
+        root / "metrics/train/b.json",
+        root / "records/train/b.json",
+        {**TRAIN, **train, "hardware": hardware, "adapter_sha256": train.get("adapter_sha256", "a" * 64)},
+    )
+    return root
+
+
+def test_hardware_class_is_read_from_the_training_record_and_old_commits_count_as_same(tmp_path):
+    a = _batch_root(tmp_path / "a", "x86_64-avx512-intel")
+    b = _batch_root(tmp_path / "b", "x86_64-avx2-amd")
+    assert vf.batch_hardware(a, b, "b") == vf.Hardware("x86_64-avx512-intel", "x86_64-avx2-amd")
+    assert vf.batch_hardware(a, b, "b").differs and not vf.batch_hardware(a, a, "b").differs
+    assert not vf.Hardware("", "x86_64-avx2-amd").differs  # the commit recorded none: bytes, as before
+    assert vf.recorded_hardware(tmp_path / "none", "b") == ""
+
+
+def test_another_hardware_class_passes_floats_within_tolerance_labelled(tmp_path, vp):
+    sixth = 0.030669134110212326 * (1 + 3e-6)  # differs in the 6th significant digit
+    a = _batch_root(tmp_path / "a", "x86_64-avx512-intel")
+    b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", train_loss_end=sixth, adapter_sha256="b" * 64)
+    paths = ["metrics/train/b.json", "records/train/b.json"]
+    same = vf.compare_outputs(a, b, paths, "b", vp)  # as if one hardware class: bytes and values exact
+    assert {r.artifact for r in vf.VerifyResult("c", ["b"], same, 0.0).failures} == {
+        "metrics/train/b.json:train_loss_end",
+        "records/train/b.json:adapter_sha256",
+    }
+    rows = {r.artifact: r for r in vf.compare_outputs(a, b, paths, "b", vp, vf.batch_hardware(a, b, "b"))}
+    assert vf.VerifyResult("c", ["b"], list(rows.values()), 0.0).failures == []
+    loss = rows["metrics/train/b.json:train_loss_end"]
+    assert (loss.status, loss.by) == (vf.CROSS_HARDWARE, "value") and loss.reproduced.endswith(
+        "(different hardware)"
+    )
+    assert rows["records/train/b.json:adapter_sha256"].status == vf.CROSS_HARDWARE  # a float-made artifact
+    assert rows["records/train/b.json:hardware"].status == "expected"  # environment: reported
+    assert rows["metrics/train/b.json:decision"].status == "match"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"decision": "promote"},  # a decision
+        {"health": "diverged"},  # a string
+        {"steps": 33},  # a count
+        {"train_loss_end": 0.0307},  # a float beyond the tolerance (4th digit)
+        {"sha256_sft": "c" * 64},  # a data hash: not made by float arithmetic
+    ],
+    ids=["decision", "string", "count", "float-beyond-tolerance", "data-hash"],
+)
+def test_another_hardware_class_still_fails_on_decisions_counts_and_data(tmp_path, vp, change):
+    a = _batch_root(tmp_path / "a", "x86_64-avx512-intel", sha256_sft="d" * 64)
+    b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", **{"sha256_sft": "d" * 64, **change})
+    rows = vf.compare_outputs(
+        a, b, ["metrics/train/b.json", "records/train/b.json"], "b", vp, vf.batch_hardware(a, b, "b")
+    )
+    failures = vf.VerifyResult("c", ["b"], rows, 0.0).failures
+    assert [r.artifact.split(":")[1] for r in failures] == list(change)
+
+
+def test_another_hardware_class_compares_adapter_weights_and_csv_within_tolerance(tmp_path, vp):
+    save_file({"w": torch.ones(2, 2)}, tmp_path / "a.safetensors")
+    save_file({"w": torch.ones(2, 2) + 1e-6}, tmp_path / "b.safetensors")
+    save_file({"w": torch.ones(2, 2) + 1e-2}, tmp_path / "c.safetensors")
+    a, b, c = (tmp_path / f"{n}.safetensors" for n in "abc")
+    row = vf.compare_weights("w", a, b, vp.hardware_adapter_abs_tol, cross_hardware=True)
+    assert (row.status, row.by) == (vf.CROSS_HARDWARE, "weights") and "(different hardware)" in row.reproduced
+    assert (
+        vf.compare_weights("w", a, c, vp.hardware_adapter_abs_tol, cross_hardware=True).status == vf.FAILING
+    )
+    (tmp_path / "a.csv").write_text("step,kl,verdict\n1,0.0123456,ok\n")
+    (tmp_path / "b.csv").write_text("step,kl,verdict\n1,0.0123457,ok\n")
+    (tmp_path / "c.csv").write_text("step,kl,verdict\n2,0.0123456,ok\n")
+    csv_a, csv_b, csv_c = (tmp_path / f"{n}.csv" for n in "abc")
+    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None)[0].status == vf.FAILING  # same hardware: bytes
+    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == vf.CROSS_HARDWARE
+    assert vf.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == vf.FAILING  # a count differs
+
+
+# --- no remote: rebuilt from data/raw -----------------------------------------------------
+def _lock(**outs) -> dict:
+    return {
+        stage: {"outs": [{"path": p, "md5": m, "nfiles": n} for p, (m, n) in paths.items()]}
+        for stage, paths in outs.items()
+    }
+
+
+def test_cached_outputs_compare_by_the_committed_lock_md5(tmp_path, vp):
+    committed = _lock(
+        **{
+            "train@b": {"models/adapters/b": ("aa.dir", 5), "metrics/train/b.json": ("m1", None)},
+            "eval@b": {"data/eval/b": ("ee.dir", 3)},
+            "admit@b": {"data/admitted/b": ("dd.dir", 6)},
+        }
+    )
+    reproduced = _lock(
+        **{
+            "train@b": {"models/adapters/b": ("a2.dir", 5), "metrics/train/b.json": ("m2", None)},
+            "eval@b": {"data/eval/b": ("e2.dir", 3)},
+            "admit@b": {"data/admitted/b": ("dd.dir", 6)},
+        }
+    )
+    (tmp_path / "data/eval/b").mkdir(parents=True)
+    (tmp_path / "data/eval/b/timings.parquet").write_bytes(b"t")
+    stages, in_git = ["admit@b", "train@b", "eval@b"], {"metrics/train/b.json"}
+    rows = {r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp)}
+    assert set(rows) == {"data/admitted/b", "models/adapters/b", "data/eval/b"}  # in git: compared by file
+    assert {r.by for r in rows.values()} == {vf.BY_LOCK}
+    assert rows["data/admitted/b"].status == "match" and rows["models/adapters/b"].status == vf.FAILING
+    assert (rows["data/eval/b"].kind, rows["data/eval/b"].status) == ("timing", "expected")  # holds timings
+    cross = {
+        r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
+    }
+    assert cross["models/adapters/b"].status == vf.CROSS_HARDWARE
+    reproduced["eval@b"]["outs"][0]["nfiles"] = 2
+    reproduced["admit@b"]["outs"][0]["md5"] = "d2.dir"  # data is not float-made: fails on any hardware
+    cross = {
+        r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
+    }
+    assert cross["data/eval/b"].status == vf.FAILING and cross["data/admitted/b"].status == vf.FAILING
+
+
+def test_without_a_remote_only_missing_cached_outputs_are_explained():
+    cached = {"data/assets/b", "models/base"}
+    status = {
+        "assetize@b": [{"changed outs": {"data/assets/b": "not in cache"}}],
+        "train@b": [{"changed deps": {"models/base": "deleted"}}],
+    }
+    assert vf.unexpected_status(status, cached) == {}
+    status["gate@b"] = [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"]
+    status["assetize@b"].append(
+        {"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}
+    )
+    assert vf.unexpected_status(status, cached) == {
+        "gate@b": [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"],
+        "assetize@b": [{"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}],
+    }
+
+
+def test_a_workspace_without_a_default_remote_has_none(tmp_path):
+    for d in ("ws/.dvc", "clone/.dvc"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "ws/.dvc/config").write_text("[core]\n    analytics = false\n")
+    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") is None
+    (tmp_path / "ws/.dvc/config").write_text(
+        "[core]\n    remote = r\n['remote \"r\"']\n    url = /somewhere\n"
+    )
+    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") == "r"
+    assert "remote = r" in (tmp_path / "clone/.dvc/config.local").read_text()
+
+
+@pytest.mark.parametrize("remote", [None, "r"])
+def test_no_remote_or_a_failing_pull_rebuilds_from_raw_data(tmp_path, vp, monkeypatch, remote):
+    lock = {f"{s}@b": {"outs": []} for s in vp.stages} | {"base": {"outs": [{"path": "models/base"}]}}
+    calls, rebuilt = [], []
+    monkeypatch.setattr(vf, "checkout", lambda root, commit, dest: remote)
+    monkeypatch.setattr(vf, "read_lock", lambda clone: lock)
+    monkeypatch.setattr(vf, "inputs_to_pull", lambda lock, rerun, clone: ["base"])
+
+    def fake_dvc(clone, *args):
+        calls.append(args[0])
+        raise ClapError("dvc pull failed (exit 1): ERROR: failed to pull data from the cloud")
+
+    monkeypatch.setattr(vf, "dvc", fake_dvc)
+    monkeypatch.setattr(vf, "_rebuild", lambda *a: rebuilt.append(a[-1]) or "rebuilt")
+    assert vf._verify_in(tmp_path, "c0ffee", ["b"], tmp_path, vp, lambda line: None) == "rebuilt"
+    if remote is None:
+        assert calls == [] and rebuilt == [vf.MODE_NO_REMOTE]  # nothing pulled
+    else:
+        assert calls == ["pull"] and rebuilt == [
+            "rebuilt from data/raw, remote 'r' unreachable or lacking objects"
+        ]
+
+
+def test_a_dvc_tracked_raw_batch_cannot_be_rebuilt_without_a_remote(tmp_path, vp):
+    with pytest.raises(ClapError) as e:
+        vf._rebuild(
+            tmp_path, "c", ["b"], {}, [], ["data/raw/b.dvc"], {}, tmp_path, vp, print, vf.MODE_NO_REMOTE
+        )
+    assert e.value.rule == "no_remote" and "data/raw/b.dvc" in str(e.value)
+
+
+def test_tracked_outputs_are_the_outputs_git_has(tmp_path):
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    io.write_json(tmp_path / "metrics/train/b.json", {})
+    io.write_json(tmp_path / "reports/gate/b/evidence.json", {})
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True)
+    (tmp_path / "models/adapters/b").mkdir(parents=True)  # a DVC-cached output: never in git
+    paths = ["metrics/train/b.json", "reports/gate/b", "models/adapters/b", "reports/gate"]
+    assert vf.tracked_outputs(tmp_path, paths) == {"metrics/train/b.json", "reports/gate/b", "reports/gate"}
