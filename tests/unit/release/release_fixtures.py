@@ -69,6 +69,7 @@ RELEASE_PARAMS = {
     "audience": "clap-release",
     "approval_ttl_s": 600,
     "max_approval_ttl_s": 3600,
+    "rollback_to_base": False,
     "card": {
         "license": "apache-2.0",
         "task": "question answering (JSON)",
