@@ -272,6 +272,20 @@ def _health_detail(train: Mapping[str, Any]) -> str:
     return ": " + "; ".join(parts) if parts else ""
 
 
+def candidate_missing_check(train: Mapping[str, Any], p: GateParams) -> Check:
+    """No candidate was evaluated. When training did not run, its health says why and the
+    ``gate.health`` policy caps (skipped -> reject; over_budget -> hold: nothing was spent, a human
+    may raise the budget); a trained batch without a candidate is a reject."""
+    if not train.get("trained", 1):
+        health = str(_require(train, "health", "metrics/train"))
+        return Check(
+            "candidate",
+            p.health[health],
+            f"no candidate adapter: not trained (training health {health!r}: {train.get('skip_reason', 'no reason recorded')})",
+        )
+    return Check("candidate", "reject", "no trained candidate adapter was evaluated")
+
+
 def quality_check(test: PairedResult, p: GateParams) -> Check:
     """Pass: p < alpha, delta >= delta* and LCB >= floor; gain below delta*: fail; else inconclusive."""
     stats = f"b={test.b}, c={test.c}, N={test.n}, delta={test.delta:+.3f}, p={test.pvalue:.4f}, LCB={test.lcb:+.3f}"
@@ -681,7 +695,7 @@ def run_gate(
     tested: list[dict[str, Any]] = []
     metric_rows: list[dict[str, Any]] = []
     if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
-        checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
+        checks.append(candidate_missing_check(train, p))
     else:
         pairs = paired_frame(scored, "candidate", baseline, slices)
         test = paired_test(pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool), p.alpha)

@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 SCORED_COLUMNS = scored_columns(ANSWER)
 
-HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
+HEALTH = {
+    "ok": "promote",
+    "stopped": "hold",
+    "alarm": "reject",
+    "nan": "reject",
+    "skipped": "reject",
+    "over_budget": "hold",
+}
 P = GateParams(
     baseline="incumbent",
     alpha=0.05,
@@ -284,6 +291,25 @@ def test_not_admitted_or_not_trained_rejects():
     ev = evidence_bundle(r, "2026-03", frames({"base": base})[1], "f" * 64, {}, P)
     assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
     assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"
+
+
+def test_a_batch_held_over_budget_is_held_not_rejected():
+    """Not trained because its estimated cost was over budget (release.cost.over_budget: hold): no
+    candidate, and the training health's policy caps the `candidate` check too (nothing was spent)."""
+    base = vectors(60, wins=0, losses=0, base_right=10)[1]
+    held = {
+        "trained": 0,
+        "health": "over_budget",
+        "skip_reason": "over budget: estimated 9000 s vs budget 7200 s",
+    }
+    r = gate({"base": base}, train=held, replay=_chain(adapter=False))
+    caps = {c.name: c.cap for c in r.checks}
+    assert (r.decision, r.rule) == ("hold", "training_health") and caps["candidate"] == "hold"
+    assert "not trained (training health 'over_budget': over budget: estimated 9000 s" in next(
+        c.detail for c in r.checks if c.name == "candidate"
+    )
+    trained_without_candidate = gate({"base": base}, train=OK_TRAIN, replay=_chain(adapter=False))
+    assert (trained_without_candidate.decision, trained_without_candidate.rule) == ("reject", "candidate")
 
 
 def test_missing_or_unknown_inputs_are_loud():

@@ -81,8 +81,10 @@ RELEASE_PARAMS = {
         "over_budget": "refuse",
         "budget_cpu_hours": 2.0,
         "budget_gpu_hours": 1.0,
+        "estimate_batches": 2,
         "stages": ["train", "eval"],
         "wall_time_key": "wall_s",
+        "estimate_key": "cost_estimate_s",
         "device_key": "device",
     },
 }
