@@ -204,6 +204,8 @@ def force_promote(scratch: Path, batch: str) -> None:
         path = scratch / rel
         record = read_json(path)
         record.update(decision="promote", decision_code=3, rule=FORCED_RULE)
+        # a releasable candidate replaces any incumbent: production follows the forced decision
+        record.update(production_decision="promote", production_rule=FORCED_RULE)
         path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

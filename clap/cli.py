@@ -122,12 +122,30 @@ def _release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollback_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch",
+        default=None,
+        help="act on this batch's gate decision (production_decision must be rollback, about the adapter in "
+        "production now); without it: an operator's rollback",
+    )
+
+
 def _rollback(args: argparse.Namespace) -> int:
     from clap.release import control as release
 
-    event = release.rollback(Path.cwd())
+    event = release.rollback(Path.cwd(), args.batch)
+    why = (
+        f" on the gate decision of {event['gate_batch']} ({event['reason']})" if "gate_batch" in event else ""
+    )
+    if event["to_batch"] is None:
+        print(
+            f"rolled back {event['from_batch']} -> base model (release.rollback_to_base){why}: nothing is released; "
+            f"`clap serve` follows serve.unreleased; commit {event['release_commit'][:12]}"
+        )
+        return 0
     print(
-        f"rolled back {event['from_batch']} -> {event['to_batch']} (adapter {event['adapter_sha256'][:12]} restored by "
+        f"rolled back {event['from_batch']} -> {event['to_batch']}{why} (adapter {event['adapter_sha256'][:12]} restored by "
         f"{event['adapter_restored_by']}); commit {event['release_commit'][:12]}"
     )
     return 0
@@ -274,7 +292,11 @@ SUBCOMMANDS: dict[
     ),
     "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
     "release": ("verify an approval and put the batch in production", _release_args, _release),
-    "rollback": ("return production to the previous release", lambda p: None, _rollback),
+    "rollback": (
+        "return production to the previous release (or to the base model, by release.rollback_to_base)",
+        _rollback_args,
+        _rollback,
+    ),
     "registry-check": (
         "replay every commit that changed releases/: each release signed by a trusted, unrevoked key, "
         "used once, hashes bound; each rollback back to the previous release",

@@ -7,7 +7,10 @@ in:  data/eval/<b>/items.parquet + manifest.json; the training curves (plots/tra
      for the replay; latency is gated on the replay's per-request B_request_p95_ms) and, for the evidence,
      `sizes admit train scoring eval`
 out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
-     decision without the chain checks as offline_decision), reports/gate/<b>/evidence.json (hashes, params,
+     decision without the chain checks as offline_decision; the incumbent's verdict on these items as incumbent_decision
+     keep|rollback|n/a with incumbent_rule and incumbent_* numbers; the batch's decision for production as
+     production_decision: rollback when the incumbent fails and the candidate is not releasable, else the candidate's
+     decision), reports/gate/<b>/evidence.json (hashes, params,
      commit, regressed samples, the replay record, the detector's reading), reports/gate/<b>/report.md and
      reports/gate/<b>/detector.svg (training vs probe loss, log E vs log(1/alpha), the alarm marked; none
      for an untrained batch: the report says so)
@@ -94,9 +97,14 @@ def run(
 
 
 def describe(argv, metrics: dict) -> str:
+    production = (
+        f"; production: {metrics['production_decision']} (incumbent {metrics['incumbent_decision']}, rule {metrics['incumbent_rule']})"
+        if metrics["incumbent_decision"] != "n/a"
+        else ""
+    )
     return (
         f"gate {Path(argv[0]).name}: {metrics['decision']} (rule: {metrics['rule']}, baseline: {metrics['baseline']}; "
-        f"offline checks alone: {metrics['offline_decision']})"
+        f"offline checks alone: {metrics['offline_decision']}){production}"
     )
 
 

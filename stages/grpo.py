@@ -4,7 +4,7 @@ usage: python stages/grpo.py data/admitted/<b> metrics/admit/<b>.json models/bas
 
 in:  data/admitted/<b>/{grpo,kb}.parquet; metrics/admit/<b>.json (static verdict on D_grpo); models/base;
      models/adapters/<b> (the start policy when grpo.start_from is sft); params.yaml `grpo`, `scoring`
-out: models/grpo/<b>/ (the probe's adapter; not_run.json when disabled or not admitted),
+out: models/grpo/<b>/ (the probe's adapter; not_run.json when disabled, not admitted, or its SFT adapter was not trained),
      metrics/grpo/<b>.json (flat: static vs runtime verdict, KL peak, reward, length drift, stop reason, health),
      plots/grpo/<b>.csv (step, kl, reward, reward_std, completion_length, clipped_ratio, frac_reward_zero_std, loss, grad_norm)
 """

@@ -3,9 +3,11 @@
 usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> metrics/train/<b>.json plots/train/<b>.csv
        (unchanged under `torchrun --nproc_per_node N stages/train.py ...`)
 
-in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`, `task` (the answer)
+in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`, `task` (the answer),
+     `release.cost` (the batch's budget: the run's cost is estimated before training, clap/train/budget.py)
 out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
-     admitted gets only skipped.json), metrics/train/<b>.json (flat numbers) +
+     admitted, or held over budget, gets only skipped.json), metrics/train/<b>.json (flat numbers, the
+     cost estimate cost_* among them; over budget: refused with exit 2, or health over_budget by policy) +
      records/train/<b>.json (hashes, versions, seed, threads, device), plots/train/<b>.csv
      (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, gap_increment, log_e, log_threshold).
      Training runs in <train.checkpoint_root>/<b>/ and resumes from there after a kill.
@@ -23,6 +25,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from clap import determinism, io, params, stage  # noqa: E402
 from clap.model.base import default_device  # noqa: E402
 from clap.task.answer import load_answer_schema  # noqa: E402
+from clap.train.budget import budget_params  # noqa: E402
 from clap.train.detector import DetectorParams  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.sft import TrainParams, train_batch  # noqa: E402
@@ -43,6 +46,7 @@ def run(
         params.section("train", TrainParams),
         params.section("detector", DetectorParams),
         answer=load_answer_schema(),
+        bp=budget_params(),
     )
     if not result.is_main:
         return None
@@ -60,7 +64,7 @@ def describe(argv, r: dict) -> str:
     """One human line about the run (values may be the string 'nan')."""
     batch_dir = argv[0]
     if not r["trained"]:
-        return f"train {batch_dir}: skipped ({r['skip_reason']})"
+        return f"train {batch_dir}: not trained, health {r['health']} ({r['skip_reason']})"
 
     def f(v) -> str:
         return f"{v:.3f}" if isinstance(v, (int, float)) else str(v)
@@ -68,7 +72,8 @@ def describe(argv, r: dict) -> str:
     return (
         f"train {batch_dir}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
         f"{f(r['train_loss_end'])}, probe {f(r['probe_loss_start'])} -> {f(r['probe_loss_end'])}, detector log E max "
-        f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s"
+        f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s "
+        f"(estimated {f(r['cost_estimate_s'])} s, budget {f(r['cost_budget_s'])} s)"
     )
 
 

@@ -49,6 +49,7 @@ from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run
 from clap.model.base import ADAPTER_FILE
 from clap.task.answer import AnswerSchema
 from clap.task.scoring import ScoringParams, scoring_params
+from clap.train.budget import BudgetParams, budget_params
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import curves_csv
 from clap.train.sft import TrainParams, admitted, train_batch
@@ -106,6 +107,7 @@ class LoopParams:
     gate: GateParams
     admit: AdmitParams
     normalize: NormalizeParams
+    budget: BudgetParams  # each run's training is held to the batch's budget, as the train stage's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +147,7 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
         eval=eval_params(path),
         scoring=scoring_params(path),
         normalize=normalize_params(path),
+        budget=budget_params(path),
     )
     return params.section("calibrate", CalibrateParams, path), loop
 
@@ -355,7 +358,9 @@ def run_variant(
     data, changed = prepare_batch(admitted_dir, run_dir, variant, cp, lp.scoring.answer)
     admission = readmit(data, lp)
     tp = fault_train_params(lp.train, variant, cp, run_dir / "checkpoints")
-    result = train_batch(data, base_dir, run_dir / "adapter", tp, lp.detector, answer=lp.scoring.answer)
+    result = train_batch(
+        data, base_dir, run_dir / "adapter", tp, lp.detector, answer=lp.scoring.answer, bp=lp.budget
+    )
     items, kb = io.read_parquet(data / "eval.parquet"), io.read_parquet(data / "kb.parquet")
     gate = gate_run(
         base_eval,

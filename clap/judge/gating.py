@@ -32,6 +32,7 @@ from clap.judge import detector_plot
 from clap.judge.stats import (
     PairedResult,
     Rule,
+    discordant_counts,
     holm,
     paired_test,
     rate_lcb,
@@ -44,6 +45,12 @@ from clap.judge.stats import (
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
 DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
 CHAIN_PREFIX = "chain_"  # names of the checks on the application-chain replay
+RELEASABLE = (
+    "promote",
+    "canary",
+)  # what `clap release` accepts (clap.release.approval.RELEASABLE, tested equal)
+INCUMBENT_VERDICTS = ("keep", "rollback", "n/a")  # the production adapter on this batch's items
+PRODUCTION_DECISIONS = (*DECISIONS, "rollback")  # the batch's decision for production
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +173,30 @@ class GateResult:
     answer_metric: list[
         dict[str, Any]
     ]  # TAT-QA EM/F1 of baseline and candidate (:func:`answer_metric_table`)
+    incumbent: IncumbentVerdict  # the production adapter on these items (:func:`incumbent_verdict`)
+
+    @property
+    def production(self) -> tuple[str, str]:
+        """(decision, rule) for production: :func:`production_decision`."""
+        return production_decision(self.decision, self.rule, self.incumbent)
+
+
+@dataclasses.dataclass(frozen=True)
+class IncumbentVerdict:
+    """The production adapter judged on this batch's held-out items against the base.
+
+    ``decision`` is keep, rollback or n/a (nothing in production, or no items); ``rule`` the
+    check that decided it (``all_checks_passed`` for keep, ``no_incumbent`` for n/a); each
+    check's ``cap`` is keep or rollback. ``adapter`` names the adapter judged (batch, sha256):
+    `clap rollback --batch` refuses to act when another adapter is in production by then.
+    """
+
+    decision: str
+    rule: str
+    reason: str
+    checks: list[Check]
+    numbers: dict[str, Any]
+    adapter: dict[str, Any]
 
 
 def choose_baseline(meta: Mapping[str, Any], p: GateParams) -> tuple[str, str]:
@@ -239,6 +270,20 @@ def _health_detail(train: Mapping[str, Any]) -> str:
     if int(train.get("stop_step", -1)) > 0:
         parts.append(f"training stopped at step {train['stop_step']}")
     return ": " + "; ".join(parts) if parts else ""
+
+
+def candidate_missing_check(train: Mapping[str, Any], p: GateParams) -> Check:
+    """No candidate was evaluated. When training did not run, its health says why and the
+    ``gate.health`` policy caps (skipped -> reject; over_budget -> hold: nothing was spent, a human
+    may raise the budget); a trained batch without a candidate is a reject."""
+    if not train.get("trained", 1):
+        health = str(_require(train, "health", "metrics/train"))
+        return Check(
+            "candidate",
+            p.health[health],
+            f"no candidate adapter: not trained (training health {health!r}: {train.get('skip_reason', 'no reason recorded')})",
+        )
+    return Check("candidate", "reject", "no trained candidate adapter was evaluated")
 
 
 def quality_check(test: PairedResult, p: GateParams) -> Check:
@@ -531,6 +576,96 @@ def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> d
     }
 
 
+def incumbent_rows(meta: Mapping[str, Any]) -> tuple[str | None, dict[str, Any], str]:
+    """(role of the scored rows that are the production adapter's answers, its identity, why).
+
+    The ``incumbent`` rows when eval scored one; the ``candidate`` rows when the candidate IS the
+    production adapter (eval then leaves the incumbent out: same weights); None with nothing in
+    production."""
+    models = {m["role"]: m for m in meta["models"]}
+    if "incumbent" in models:
+        inc = models["incumbent"]
+        return "incumbent", {"batch": inc["batch"], "adapter_sha256": inc["adapter_sha256"]}, "incumbent"
+    production = meta.get("production") or {}
+    if production and models.get("candidate", {}).get("adapter_sha256") == production.get("adapter_sha256"):
+        who = {"batch": production.get("batch"), "adapter_sha256": production["adapter_sha256"]}
+        return "candidate", who, "the candidate IS the production adapter: its answers are the incumbent's"
+    return None, {}, "no adapter in production"
+
+
+def _incumbent_bound(name: str, k: int, n: int, bound: float, p: GateParams) -> Check:
+    """The incumbent's rate against the candidate's bound: rollback only beyond noise (LCB over it)."""
+    rate, lcb = k / n, rate_lcb(k, n, p.risk_alpha)
+    text = f"incumbent {name} {rate:.4g} ({k}/{n}) vs bound {bound:g}, {1 - p.risk_alpha:.0%} lower bound {lcb:.4g}"
+    eps = 1e-12 * max(1.0, abs(bound))
+    if lcb > bound + eps:
+        return Check(f"incumbent_{name}", "rollback", f"{text}: over the bound beyond sampling noise")
+    return Check(f"incumbent_{name}", "keep", f"{text}: not over the bound beyond noise")
+
+
+def incumbent_verdict(scored: pd.DataFrame, meta: Mapping[str, Any], p: GateParams) -> IncumbentVerdict:
+    """Keep or roll back the production adapter, judged on this batch's held-out items.
+
+    ``incumbent_quality``: paired one-sided exact McNemar of the incumbent against the base on
+    the same items, P(Bin(b + c, 1/2) >= c) with b incumbent-only and c base-only passes;
+    p < ``gate.alpha`` is worse than the base beyond noise. ``incumbent_hallucination_rate``,
+    ``incumbent_wrong_fact_rate``: the candidate's bounds, crossed beyond noise (the exact
+    ``1 - gate.risk_alpha`` lower bound over the bound). Any of them fails: rollback.
+    Independent of ``gate.baseline`` (the base is scored whenever there is an incumbent)."""
+    role, who, why = incumbent_rows(meta)
+    models = set(scored.get("model", pd.Series(dtype=str)))
+    if role is None or role not in models:
+        reason = why if role is None else "the production adapter was not evaluated on these items"
+        return IncumbentVerdict("n/a", "no_incumbent", reason, [], {}, who)
+    pairs = paired_frame(scored, role, "base", ())
+    inc, base = pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool)
+    n, b, c = discordant_counts(inc, base)
+    pvalue = slice_regression_pvalue(b, c)
+    stats = f"b={b} incumbent-only, c={c} base-only passes, N={n}, p={pvalue:.4g}"
+    quality = (
+        Check(
+            "incumbent_quality", "rollback", f"worse than the base beyond noise ({stats} < alpha={p.alpha})"
+        )
+        if pvalue < p.alpha
+        else Check(
+            "incumbent_quality", "keep", f"not worse than the base beyond noise ({stats}, alpha={p.alpha})"
+        )
+    )
+    rows = scored[scored["model"] == role]
+    counts = {
+        "hallucination_rate": int(rows["hallucination"].sum()),
+        "wrong_fact_rate": int(rows["wrong_fact"].sum()),
+    }
+    bounds = {"hallucination_rate": p.max_hallucination_rate, "wrong_fact_rate": p.max_wrong_fact_rate}
+    checks = [quality, *(_incumbent_bound(k, counts[k], n, bounds[k], p) for k in counts)]
+    failed = next((ch for ch in checks if ch.cap == "rollback"), None)
+    numbers: dict[str, Any] = {
+        "incumbent_n_items": n,
+        "incumbent_b": b,
+        "incumbent_c": c,
+        "incumbent_delta": (b - c) / n,
+        "incumbent_pvalue": pvalue,
+        "incumbent_pass_rate": float(inc.mean()),
+        "incumbent_base_pass_rate": float(base.mean()),
+    }
+    for k, count in counts.items():
+        numbers[f"incumbent_{k}"] = count / n
+        numbers[f"incumbent_{k}_lcb"] = rate_lcb(count, n, p.risk_alpha)
+    if failed is None:
+        return IncumbentVerdict("keep", "all_checks_passed", why, checks, numbers, who)
+    return IncumbentVerdict("rollback", failed.name, why, checks, numbers, who)
+
+
+def production_decision(decision: str, rule: str, incumbent: IncumbentVerdict) -> tuple[str, str]:
+    """(decision, rule) for production: ``rollback`` (the incumbent's rule) when the incumbent fails
+    and the candidate is not releasable; otherwise the candidate's own. A releasable candidate
+    (promote, canary) replaces the failing incumbent when it is released, so the batch's
+    decision stays the candidate's."""
+    if incumbent.decision == "rollback" and decision not in RELEASABLE:
+        return "rollback", incumbent.rule
+    return decision, rule
+
+
 def run_gate(
     scored: pd.DataFrame,
     meta: Mapping[str, Any],
@@ -560,7 +695,7 @@ def run_gate(
     tested: list[dict[str, Any]] = []
     metric_rows: list[dict[str, Any]] = []
     if "candidate" not in set(scored.get("model", pd.Series(dtype=str))):
-        checks.append(Check("candidate", "reject", "no trained candidate adapter was evaluated"))
+        checks.append(candidate_missing_check(train, p))
     else:
         pairs = paired_frame(scored, "candidate", baseline, slices)
         test = paired_test(pairs["pass"].to_numpy(bool), pairs["pass_baseline"].to_numpy(bool), p.alpha)
@@ -583,7 +718,10 @@ def run_gate(
             )
     checks += extra_checks
     decision, rule = decide(checks)
-    return GateResult(decision, rule, checks, numbers, regressed, tested, tuple(slices), metric_rows)
+    incumbent = incumbent_verdict(scored, meta, p)
+    return GateResult(
+        decision, rule, checks, numbers, regressed, tested, tuple(slices), metric_rows, incumbent
+    )
 
 
 def flat_metrics(result: GateResult) -> dict[str, Any]:
@@ -599,6 +737,15 @@ def flat_metrics(result: GateResult) -> dict[str, Any]:
     }
     out.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in result.numbers.items()})
     out.update({f"check_{c.name}": c.cap for c in result.checks})
+    inc = result.incumbent
+    out.update(
+        production_decision=result.production[0],
+        production_rule=result.production[1],
+        incumbent_decision=inc.decision,
+        incumbent_rule=inc.rule,
+    )
+    out.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in inc.numbers.items()})
+    out.update({f"check_{c.name}": c.cap for c in inc.checks})
     return out
 
 
@@ -624,6 +771,9 @@ def evidence_bundle(
         "decision": result.decision,
         "decision_code": DECISION_CODE[result.decision],
         "rule": result.rule,
+        "production_decision": result.production[0],
+        "production_rule": result.production[1],
+        "incumbent_verdict": incumbent_section(result.incumbent),
         "reasons": [dataclasses.asdict(c) for c in result.checks],
         "numbers": result.numbers,
         "datasets_sha256": dict(meta["datasets"]),
@@ -648,6 +798,49 @@ def evidence_bundle(
             {"answer_metric": {"name": "tatqa", "rows": result.answer_metric}} if result.answer_metric else {}
         ),
     }
+
+
+def incumbent_section(v: IncumbentVerdict) -> dict[str, Any]:
+    """The evidence bundle's incumbent verdict: decision, rule, why, each check, its numbers and the
+    adapter judged (batch, sha256)."""
+    return {
+        "decision": v.decision,
+        "rule": v.rule,
+        "reason": v.reason,
+        "adapter": dict(v.adapter),
+        "checks": [dataclasses.asdict(c) for c in v.checks],
+        "numbers": dict(v.numbers),
+    }
+
+
+def incumbent_lines(evidence: Mapping[str, Any]) -> list[str]:
+    """The report's incumbent section and, when it differs from the candidate's, the production decision."""
+    inc = evidence.get("incumbent_verdict") or {}
+    if not inc or inc["decision"] == "n/a":
+        return ["", f"Incumbent: n/a ({inc.get('reason', 'no adapter in production')})."]
+    who = inc["adapter"]
+    lines = [
+        "",
+        f"Incumbent (production adapter, batch {who.get('batch')}, sha256 `{str(who.get('adapter_sha256'))[:12]}`) "
+        f"on this batch's items against the base: **{inc['decision'].upper()}** (rule: `{inc['rule']}`).",
+        "",
+        "| incumbent check | verdict | detail |",
+        "|---|---|---|",
+        *[f"| {c['name']} | {c['cap']} | {c['detail']} |" for c in inc["checks"]],
+    ]
+    if evidence["production_decision"] == "rollback":
+        lines += [
+            "",
+            f"Production: **ROLLBACK** (rule `{evidence['production_rule']}`): the incumbent fails and the candidate "
+            f"({evidence['decision']}) is not releasable. `clap rollback --batch {evidence['batch']}` acts on it.",
+        ]
+    elif inc["decision"] == "rollback":
+        lines += [
+            "",
+            f"Production: **{evidence['production_decision'].upper()}**: the incumbent fails, and releasing this "
+            "candidate replaces it.",
+        ]
+    return lines
 
 
 CHAIN_REPORTED = (
@@ -684,7 +877,12 @@ def render_report(evidence: Mapping[str, Any]) -> str:
     """A short, PR-ready markdown report of one gate decision."""
     n = evidence["numbers"]
     lines = [
-        f"# Gate {evidence['batch']}: **{evidence['decision'].upper()}** (rule: `{evidence['rule']}`)",
+        f"# Gate {evidence['batch']}: **{evidence['decision'].upper()}** (rule: `{evidence['rule']}`)"
+        + (
+            f"; production: **{evidence['production_decision'].upper()}**"
+            if evidence["production_decision"] != evidence["decision"]
+            else ""
+        ),
         "",
         f"Baseline: **{n['baseline']}** — {n['baseline_reason']}.",
         "",
@@ -692,6 +890,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
         "|---|---|---|",
         *[f"| {c['name']} | {c['cap']} | {c['detail']} |" for c in evidence["reasons"]],
     ]
+    lines += incumbent_lines(evidence)
     lines += detector_plot.report_lines(evidence)
     if "delta" in n:
         lines += [

@@ -14,7 +14,10 @@ handoff artifacts validate and the cost is within budget. Then the pointer, hist
 ledger and handoff files are written and committed together; on any failure they are
 restored and nothing is committed. A rollback restores the previous pointer from git
 (the pointer as it was before the current release's commit), restores that adapter's
-bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing.
+bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing; it may act
+on a batch's gate decision (``production_decision: rollback``, the incumbent failing on that
+batch's items), and with no previous release it refuses unless params
+``release.rollback_to_base`` lets production fall back to the base model.
 
 Both also write the registry the way GTO (iterative/gto, read by DVC Studio) does, as
 annotated git tags: the N-th release registers version ``clap-adapter@vN.0.0`` on its
@@ -94,8 +97,18 @@ class ReleaseParams:
     audience: str
     approval_ttl_s: int
     max_approval_ttl_s: int
+    rollback_to_base: bool  # the only release rolled back: the base model serves (else refused)
     card: CardParams
     cost: CostParams
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rollback_to_base, bool):
+            raise ClapError(
+                f"release.rollback_to_base must be true or false, got {self.rollback_to_base!r}",
+                file="params.yaml",
+                column="release.rollback_to_base",
+                rule="bad_params",
+            )
 
 
 def load_params(root: Path) -> ReleaseParams:
@@ -651,7 +664,64 @@ def restore_adapter(root: Path, batch: str, expected_sha256: str) -> str:
     )
 
 
-def rollback(root: Path) -> dict[str, Any]:
+def gate_rollback(root: Path, batch: str, pointer: dict[str, Any]) -> dict[str, Any]:
+    """What a rollback on the gate decision of ``batch`` records: the batch, its rule and its evidence's sha256.
+
+    Raises:
+        ClapError: the gate record or evidence is not committed; the gate's decision for production
+            is not ``rollback``; or the gate judged another adapter than the one in production now.
+    """
+    paths = artifact_paths(batch)
+    vcs.require_committed(
+        root,
+        [paths["gate"], paths["evidence"]],
+        f"the gate record and evidence bundle of {batch} must be committed (a rollback names the decision it acts on)",
+    )
+    record = gate_decision(root, batch)
+    production = record.get("production_decision")
+    if production != "rollback":
+        raise ClapError(
+            f"batch {batch}: the gate's decision for production is {production!r}, not 'rollback' (incumbent "
+            f"verdict {record.get('incumbent_decision')!r}); `clap rollback` without --batch rolls back by hand",
+            file=root / paths["gate"],
+            column="production_decision",
+            rule="not_a_rollback",
+        )
+    evidence = io.read_json(root / paths["evidence"])
+    judged = (evidence.get("incumbent_verdict") or {}).get("adapter") or {}
+    if judged.get("adapter_sha256") != pointer.get("adapter_sha256"):
+        raise ClapError(
+            f"batch {batch}'s gate judged the adapter of batch {judged.get('batch')!r} "
+            f"(sha256 {str(judged.get('adapter_sha256'))[:12]}), but production serves batch {pointer.get('batch')!r} "
+            f"(sha256 {str(pointer.get('adapter_sha256'))[:12]}): run `dvc repro` and let the gate decide again",
+            file=root / paths["evidence"],
+            rule="stale_evaluation",
+        )
+    return {
+        "reason": f"gate {batch}: {record.get('production_rule')}",
+        "gate_batch": batch,
+        "gate_evidence_sha256": io.sha256_file(root / paths["evidence"]),
+    }
+
+
+def _unassign_tag(
+    root: Path, approval_id: str, reverted: str, counter: int, detail: str
+) -> list[tuple[str, str, str]]:
+    """GTO's unassignment of ``prod`` from the rolled-back version (when its registration tag is on the
+    reverted release commit)."""
+    current = gto_version(_release_ordinal(read_history(root), approval_id))
+    if _tag_commit(root, f"{GTO_ARTIFACT}@{current}") != reverted:
+        return []
+    return [
+        (
+            f"{GTO_ARTIFACT}#{GTO_STAGE}!#{counter}",
+            reverted,
+            f"Unassigning stage {GTO_STAGE} from artifact {GTO_ARTIFACT} version {current}\n\n{detail}\n",
+        )
+    ]
+
+
+def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
     """Return production to the release before the current one and commit ``releases/``.
 
     The pointer is restored from git (its content before the current release's commit);
@@ -659,14 +729,24 @@ def rollback(root: Path) -> dict[str, Any]:
     rolled-back approval can never be replayed. The previous adapter is restored with
     ``dvc checkout`` (or ``dvc pull``) and its sha256 verified before anything is written.
 
+    With ``batch`` the rollback acts on that batch's gate decision (:func:`gate_rollback`): it must
+    be ``rollback`` for production, about the adapter in production now; the event records it.
+    Without, it is an operator's rollback (``reason: manual``).
+
+    When the current release is the first one there is nothing to roll back to: refused, unless
+    params ``release.rollback_to_base`` is true; then production falls back to the base model
+    (pointer ``batch: null``, a ``rollback`` event with ``to_batch: null``).
+
     Returns:
         The rollback event written.
 
     Raises:
-        ClapError: nothing to roll back to, inconsistent records, or the previous adapter
-            cannot be restored; releases/ and git are then unchanged.
+        ClapError: nothing to roll back to, inconsistent records, a gate decision that is not a
+            rollback (or is stale), or the previous adapter cannot be restored; releases/ and git
+            are then unchanged.
     """
     root = Path(root)
+    p = load_params(root)
     with _locked(root):
         vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
         pointer, stack = read_pointer(root), release_stack(read_history(root))
@@ -679,11 +759,16 @@ def rollback(root: Path) -> dict[str, Any]:
                 "releases/production.json does not match the last release in history.jsonl: fix by hand",
                 rule="inconsistent_releases",
             )
+        why = gate_rollback(root, batch, pointer) if batch is not None else {"reason": "manual"}
         if len(stack) < 2:
-            raise ClapError(
-                f"batch {pointer['batch']} is the first release: there is no previous release to roll back to",
-                rule="no_previous_release",
-            )
+            if not p.rollback_to_base:
+                raise ClapError(
+                    f"batch {pointer['batch']} is the first release: there is no previous release to roll back to "
+                    "(release.rollback_to_base is false, so production stays on it; set it to true to fall back "
+                    "to the base model)",
+                    rule="no_previous_release",
+                )
+            return _rollback_to_base(root, pointer, why)
         target_key = load_trusted_keys(root / TRUSTED).get(str(stack[-2].get("approver")))
         if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
             try:
@@ -725,16 +810,9 @@ def rollback(root: Path) -> dict[str, Any]:
         )
         detail = f"rollback {pointer['batch']} -> {stack[-2]['batch']}\napproval: {stack[-2]['approval_id']}"
         counter = _gto_counter(root)
-        current = gto_version(_release_ordinal(read_history(root), pointer["approval_id"]))
-        if _tag_commit(root, f"{GTO_ARTIFACT}@{current}") == reverted:  # prod leaves the rolled-back version
-            tags.append(
-                (
-                    f"{GTO_ARTIFACT}#{GTO_STAGE}!#{counter}",
-                    reverted,
-                    f"Unassigning stage {GTO_STAGE} from artifact {GTO_ARTIFACT} version {current}\n\n{detail}\n",
-                )
-            )
-            counter += 1
+        unassign = _unassign_tag(root, pointer["approval_id"], reverted, counter, detail)
+        tags += unassign  # prod leaves the rolled-back version
+        counter += len(unassign)
         tags.append((f"{GTO_ARTIFACT}#{GTO_STAGE}#{counter}", target, _assign_message(version, detail)))
         _refuse_taken(root, [name for name, _, _ in tags])
         how = restore_adapter(root, stack[-2]["batch"], stack[-2]["adapter_sha256"])
@@ -745,6 +823,7 @@ def rollback(root: Path) -> dict[str, Any]:
             "reverted_commit": reverted,
             "adapter_sha256": stack[-2]["adapter_sha256"],
             "adapter_restored_by": how,
+            **why,
             "at": _now(),
         }
         with _transaction(root, [POINTER, HISTORY]):
@@ -756,6 +835,52 @@ def rollback(root: Path) -> dict[str, Any]:
                 f"rollback {pointer['batch']} -> {stack[-2]['batch']} (revert of {reverted[:12]})",
             )
             return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
+
+
+BASE_POINTER = {
+    "batch": None,
+    "note": "rolled back to the base model (release.rollback_to_base): no adapter in production",
+}
+
+
+def _rollback_to_base(root: Path, pointer: dict[str, Any], why: dict[str, Any]) -> dict[str, Any]:
+    """Take the first (and only) release in effect out of production: the base model serves.
+
+    The pointer before the release's commit must have named no batch; GTO's ``prod`` is
+    unassigned from the version and assigned to none."""
+    reverted = _release_commit(root, pointer["approval_id"])
+    try:
+        before = json.loads(vcs.git(root, "show", f"{reverted}^:{POINTER}"))
+    except ClapError:  # no pointer file before the first release
+        before = {"batch": None}
+    if not isinstance(before, dict) or before.get("batch") is not None:
+        raise ClapError(
+            f"the pointer before commit {reverted[:12]} names batch {before.get('batch')!r}, but history.jsonl "
+            "has no release in effect before it",
+            rule="inconsistent_releases",
+        )
+    detail = f"rollback {pointer['batch']} -> base\npolicy: release.rollback_to_base"
+    tags = _unassign_tag(root, pointer["approval_id"], reverted, _gto_counter(root), detail)
+    _refuse_taken(root, [name for name, _, _ in tags])
+    event = {
+        "event": "rollback",
+        "from_batch": pointer["batch"],
+        "to_batch": None,
+        "to": "base",
+        "reverted_commit": reverted,
+        "adapter_sha256": None,
+        "adapter_restored_by": None,
+        "policy": "release.rollback_to_base",
+        **why,
+        "at": _now(),
+    }
+    with _transaction(root, [POINTER, HISTORY]):
+        io.write_json(root / POINTER, BASE_POINTER)
+        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+        commit = _commit(
+            root, [POINTER, HISTORY], f"rollback {pointer['batch']} -> base (revert of {reverted[:12]})"
+        )
+        return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
 
 
 # ---------------------------------------------------------------- keygen, revoke and handoff

@@ -10,7 +10,9 @@
 - ``manifest.json``: git commit, dvc.lock sha256, artifact and dataset hashes, package
   versions, seeds, hardware and the params each stage of the batch ran with;
 - ``cost.json``: machine hours per stage from the wall times the stages record, against
-  the budget in params ``release.cost``; a missing wall time is reported as missing.
+  the budget in params ``release.cost``; a missing wall time is reported as missing. A stage that
+  estimated its cost before it ran (train, :mod:`clap.train.budget`) has the estimate beside the
+  wall time it turned out to be, and their ratio.
 """
 
 from __future__ import annotations
@@ -54,8 +56,12 @@ class CostParams:
     over_budget: str
     budget_cpu_hours: float
     budget_gpu_hours: float
+    estimate_batches: int  # the train stage's throughput measurement (clap/train/budget.py); reported here
     stages: list[str]
     wall_time_key: str
+    estimate_key: (
+        str  # a stage's estimated seconds before it ran (the train stage's): shown beside its wall time
+    )
     device_key: str
 
 
@@ -421,8 +427,15 @@ def _stage_cost(root: Path, stage: str, batch: str, p: CostParams) -> dict[str, 
     device = str(record.get(p.device_key) or "cpu")  # stages that record no device run on the CPU
     kind = "gpu" if device.startswith("cuda") else "cpu"
     hours = round(wall / 3600.0, 6) if valid else None
+    estimate = record.get(p.estimate_key)
+    if not (
+        isinstance(estimate, (int, float)) and not isinstance(estimate, bool) and math.isfinite(estimate)
+    ):
+        estimate = None  # the stage made no estimate (eval; a batch not admitted)
     return {
         "wall_s": wall if valid else None,
+        "estimate_s": estimate,
+        "actual_over_estimate": round(wall / estimate, 4) if valid and estimate else None,
         "device": device,
         "kind": kind,
         "hours": hours,
@@ -434,7 +447,9 @@ def cost_report(root: Path, batch: str, p: CostParams) -> dict[str, Any]:
     """Machine hours per stage (CPU or GPU by the device the stage records) against the budget.
 
     ``status`` is ``over`` when the known hours already exceed a budget, ``incomplete`` when
-    a stage's wall time is missing (never counted as zero), ``within`` otherwise.
+    a stage's wall time is missing (never counted as zero), ``within`` otherwise. Each stage has
+    its ``estimate_s`` (params ``release.cost.estimate_key``: the train stage's pre-training
+    estimate; None for a stage that made none) and ``actual_over_estimate``, its wall time over it.
     """
     stages = {s: _stage_cost(root, s, batch, p) for s in p.stages}
     missing = [s for s, c in stages.items() if c["hours"] is None]
@@ -456,4 +471,5 @@ def cost_report(root: Path, batch: str, p: CostParams) -> dict[str, Any]:
         "budget_gpu_hours": p.budget_gpu_hours,
         "status": status,
         "over_budget_policy": p.over_budget,
+        "estimate_batches": p.estimate_batches,
     }

@@ -16,7 +16,9 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
   equal the bound hashes;
 - the pointer is the release in effect when ``history.jsonl`` is replayed (a release pushes
   its pointer, a rollback pops back to the previous one: a rolled-back-to pointer is accepted by
-  the earlier release's own approval).
+  the earlier release's own approval; a rollback of the only release in effect, with
+  ``to_batch: null``, leaves nothing released: the base model, ``clap rollback`` under
+  ``release.rollback_to_base``).
 
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
 (:func:`check_registry`) replays the whole history with the same checks, commit by commit
@@ -479,14 +481,16 @@ def _replay(
                     "(adapter, config, eval, evidence, base)"
                 )
         elif kind == "rollback":
-            if len(stack) < 2:
+            to_base = len(stack) == 1 and event.get("to_batch") is None
+            if len(stack) < 2 and not to_base:
                 raise ClapError(
                     "a rollback with no previous release to return to",
                     file=root / HISTORY,
                     row=n,
                     rule="inconsistent_releases",
                 )
-            current, previous_release = stack[-1], stack[-2]
+            current = stack[-1]
+            previous_release = stack[-2] if not to_base else {"batch": None, "adapter_sha256": None}
             expected = {
                 "from_batch": current.get("batch"),
                 "to_batch": previous_release.get("batch"),
@@ -501,7 +505,12 @@ def _replay(
                     rule="inconsistent_releases",
                 )
             stack.pop()
-            if emit is not None and n > first:
+            if emit is not None and n > first and to_base:
+                emit(
+                    f"{label}{n}: rollback {current.get('batch')} -> base: the only release in effect taken out "
+                    f"of production ({event.get('policy', 'no policy recorded')})"
+                )
+            elif emit is not None and n > first:
                 emit(
                     f"{label}{n}: rollback {current.get('batch')} -> {previous_release.get('batch')}: restores the "
                     f"release of approval {previous_release.get('approval_id')} (verified above)"

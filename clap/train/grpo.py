@@ -34,6 +34,7 @@ from clap.train.grpo_diagnosis import GrpoDiagnosis
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.train.sft import (
     ADAPTER_FILES,
+    SKIPPED_FILE,
     TrainerRun,
     TrainParams,
     canonical_adapter_config,
@@ -225,6 +226,8 @@ def run_probe(
         if not probe_enabled(p, data_dir.name)
         else ("not_admitted" if not static["admitted"] else "")
     )
+    if not reason and p.start_from == "sft" and (sft_dir / SKIPPED_FILE).exists():
+        reason = "sft_not_trained"  # admitted, but its SFT run was not trained (held over budget)
     if reason:
         if rank == 0:
             write_not_run(adapter_dir, reason)

@@ -5,6 +5,10 @@ with :func:`clap.task.prompt.build_example`). Training runs in ``<checkpoint_roo
 outside the DVC outputs (DVC deletes non-persistent outs before a run), so a killed run
 resumes from its last complete checkpoint when the params/data fingerprint still matches.
 Everything is rank-safe under ``torchrun``: side effects happen on rank 0 only.
+
+Before the first optimizer step the run's cost is estimated on this machine and held to the
+batch's budget (:mod:`clap.train.budget`, params ``release.cost``): over it, the run is refused
+(a :class:`ClapError`) or not trained at all (health ``over_budget``), by policy.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from clap.model import base as mdl
 from clap.task.answer import AnswerSchema
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_example
+from clap.train import budget
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import (
     STATE_FILE,
@@ -36,10 +41,12 @@ from clap.train.diagnosis import (
     as_text_if_nonfinite,
     detector_constants,
     logged_tokens,
+    shared,
 )
 
 log = logging.getLogger(__name__)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+SKIPPED_FILE = "skipped.json"  # the adapter folder of a batch not trained, and why
 FINGERPRINT_FILE = "fingerprint.json"
 
 
@@ -347,6 +354,7 @@ def train_batch(
     dp: DetectorParams,
     *,
     answer: AnswerSchema,
+    bp: budget.BudgetParams,
     extra_callbacks: Sequence[Any] = (),
 ) -> TrainResult:
     """Train one admitted batch's LoRA adapter and write it to ``adapter_dir`` (rank 0).
@@ -357,10 +365,17 @@ def train_batch(
         adapter_dir: destination of adapter_model.safetensors + adapter_config.json (+ tokenizer).
         tp: ``train`` params.  dp: ``detector`` params.
         answer: the declared answer (params ``task``): the completions' shape.
+        bp: the budget the run is held to before it trains (params ``release.cost``).
         extra_callbacks: more TrainerCallbacks (tests use one to interrupt a run).
 
     Returns:
         The flat record and the per-step curve rows; ``is_main`` says whether this rank writes.
+        A run estimated over budget under policy ``hold`` is not trained: its record says
+        ``trained: 0, health: over_budget`` with the estimate (``cost_*``), its adapter folder
+        holds only ``skipped.json``.
+
+    Raises:
+        ClapError: the estimate is over budget under policy ``refuse`` (before any optimizer step).
     """
     data_dir, base_dir, adapter_dir = Path(data_dir), Path(base_dir), Path(adapter_dir)
     rank, world_size = determinism.world()
@@ -392,9 +407,32 @@ def train_batch(
             stats["rows_truncated"],
             stats["rows_dropped"],
         )
-    run = _run_trainer(
-        data, tok, base_dir, adapter_dir, tp, dp, world_size=world_size, extra_callbacks=extra_callbacks
-    )
+    try:
+        run = _run_trainer(
+            data,
+            tok,
+            base_dir,
+            adapter_dir,
+            tp,
+            dp,
+            bp,
+            world_size=world_size,
+            started=t_start,
+            extra_callbacks=extra_callbacks,
+        )
+    except _HeldOverBudget as held:
+        reason = f"over budget: {held.estimate.describe()}"
+        log.warning("not trained: %s (release.cost.over_budget is hold)", reason)
+        if rank == 0:
+            write_skipped_adapter(adapter_dir, reason)
+        record = {
+            **skipped_record(reason, base_dir, tp),
+            **stats,
+            "health": budget.OVER_BUDGET,
+            **held.estimate.record(),
+            "wall_s": round(time.perf_counter() - t_start, 3),
+        }
+        return TrainResult(record, [], rank == 0)
     record = {
         **run.numbers,
         **stats,
@@ -413,6 +451,14 @@ def train_batch(
     return TrainResult({k: as_text_if_nonfinite(v) for k, v in record.items()}, run.curves, rank == 0)
 
 
+class _HeldOverBudget(Exception):
+    """The run's estimate is over budget and policy holds it: nothing is trained."""
+
+    def __init__(self, estimate: budget.Estimate):
+        super().__init__(estimate.describe())
+        self.estimate = estimate
+
+
 def _run_trainer(
     data: Encodings,
     tok,
@@ -420,8 +466,10 @@ def _run_trainer(
     adapter_dir: Path,
     tp: TrainParams,
     dp: DetectorParams,
+    bp: budget.BudgetParams,
     *,
     world_size: int,
+    started: float,
     extra_callbacks: Sequence[Any],
 ) -> TrainerRun:
     from datasets import Dataset
@@ -464,6 +512,14 @@ def _run_trainer(
         callbacks=[diag, *extra_callbacks],
     )
     masked, total = masked_label_counts(trainer.train_dataset)
+    estimate = shared(  # rank 0's estimate decides on every rank: they must stop (or train) together
+        budget.estimate_run(
+            trainer, tp, bp, device=device, world_size=world_size, setup_s=time.perf_counter() - started
+        )
+    )
+    log.info("cost: %s", estimate.describe())
+    if budget.over_budget(estimate, bp):
+        raise _HeldOverBudget(estimate)
     if (
         resume and diag.s.stop_step >= 0
     ):  # the checkpointed run had stopped there: that was its end, not a pause
@@ -484,6 +540,7 @@ def _run_trainer(
     adapter_sha = write_adapter(final, adapter_dir) if is_main else ""
     numbers = {
         **_run_numbers(trainer, out, diag),
+        **estimate.record(),
         "precision": precision,
         "device": device,
         "resumed_from": Path(resume).name if resume else "",
@@ -576,4 +633,4 @@ def canonical_adapter_config(path: Path) -> None:
 def write_skipped_adapter(adapter_dir: Path, reason: str) -> None:
     """An adapter folder without weights: the batch was not trained, and why."""
     with io.atomic_dir(adapter_dir) as tmp:
-        io.write_json(tmp / "skipped.json", {"trained": False, "reason": reason})
+        io.write_json(tmp / SKIPPED_FILE, {"trained": False, "reason": reason})

@@ -32,9 +32,11 @@ CURVE_HEADER = [
 ]
 
 
-def _params(tmp: Path, **train) -> None:
-    """A params.yaml in ``tmp`` with the real train/detector/determinism/task sections, shrunk for the tiny model."""
+def _params(tmp: Path, cost: dict | None = None, **train) -> None:
+    """A params.yaml in ``tmp`` with the real train/detector/determinism/task/release sections, shrunk for the
+    tiny model (``cost`` overrides keys of release.cost)."""
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["release"]["cost"].update(cost or {})
     p["train"].update(
         max_steps=4,
         torch_threads=1,
@@ -47,8 +49,8 @@ def _params(tmp: Path, **train) -> None:
     p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
     (tmp / "params.yaml").write_text(
         yaml.safe_dump(
-            {k: p[k] for k in ("train", "detector", "determinism", "task")}, sort_keys=False
-        )  # the stage reads these sections only (task: the declared answer, the completions' shape)
+            {k: p[k] for k in ("train", "detector", "determinism", "task", "release")}, sort_keys=False
+        )  # the stage reads these sections only (task: the declared answer, the completions' shape; release.cost: the budget)
     )
 
 
@@ -85,6 +87,17 @@ def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
         rows = list(csv.reader(f))
     assert rows[0] == CURVE_HEADER and len(rows) == 5
     assert "health ok" in done.stdout
+    assert rec["cost_over_budget"] == 0 and rec["cost_estimate_s"] > 0 and "estimated" in done.stdout
+
+
+def test_stage_refuses_a_run_estimated_over_budget(tiny_base, tmp_path):
+    _params(tmp_path, cost={"over_budget": "refuse", "budget_cpu_hours": 1e-7})
+    data = write_tiny_admitted(tmp_path / "data", n_sft=12, n_probe=6, seed=0, n_combos=4)
+    done = run_stage("train", *_argv(tmp_path, tiny_base, data), cwd=tmp_path)
+    last = done.stderr.splitlines()[-1]  # after the model's loading progress
+    assert done.returncode == 2 and last.startswith("error:") and "Traceback" not in done.stderr
+    assert "over_budget" in last and "training refused before it starts: estimated" in done.stderr
+    assert not (tmp_path / "metrics/train/b.json").exists() and not (tmp_path / "models/adapters/b").exists()
 
 
 def test_stage_reports_bad_input_without_traceback(tiny_base, tmp_path):

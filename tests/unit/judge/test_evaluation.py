@@ -95,6 +95,9 @@ def test_model_specs_skip_missing_candidate_and_self_incumbent(batch, tmp_path):
         "candidate",
     ]  # the candidate is in production
     assert [s.role for s in model_specs(adapters / "2026-09", None)] == ["base"]  # not trained
+    # not trained, something in production: base and incumbent still answer the same items (the
+    # gate's incumbent verdict pairs them)
+    assert [s.role for s in model_specs(adapters / "2026-09", cand)] == ["base", "incumbent"]
 
 
 def test_evaluate_pairs_every_model_on_the_same_items(batch):

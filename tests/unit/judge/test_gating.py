@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 SCORED_COLUMNS = scored_columns(ANSWER)
 
-HEALTH = {"ok": "promote", "stopped": "hold", "alarm": "reject", "nan": "reject", "skipped": "reject"}
+HEALTH = {
+    "ok": "promote",
+    "stopped": "hold",
+    "alarm": "reject",
+    "nan": "reject",
+    "skipped": "reject",
+    "over_budget": "hold",
+}
 P = GateParams(
     baseline="incumbent",
     alpha=0.05,
@@ -284,6 +291,25 @@ def test_not_admitted_or_not_trained_rejects():
     ev = evidence_bundle(r, "2026-03", frames({"base": base})[1], "f" * 64, {}, P)
     assert ev["regressed"]["count"] == 0 and ev["adapter_sha256"] == "" and "**REJECT**" in render_report(ev)
     assert "delta" not in flat_metrics(r) and flat_metrics(r)["check_candidate"] == "reject"
+
+
+def test_a_batch_held_over_budget_is_held_not_rejected():
+    """Not trained because its estimated cost was over budget (release.cost.over_budget: hold): no
+    candidate, and the training health's policy caps the `candidate` check too (nothing was spent)."""
+    base = vectors(60, wins=0, losses=0, base_right=10)[1]
+    held = {
+        "trained": 0,
+        "health": "over_budget",
+        "skip_reason": "over budget: estimated 9000 s vs budget 7200 s",
+    }
+    r = gate({"base": base}, train=held, replay=_chain(adapter=False))
+    caps = {c.name: c.cap for c in r.checks}
+    assert (r.decision, r.rule) == ("hold", "training_health") and caps["candidate"] == "hold"
+    assert "not trained (training health 'over_budget': over budget: estimated 9000 s" in next(
+        c.detail for c in r.checks if c.name == "candidate"
+    )
+    trained_without_candidate = gate({"base": base}, train=OK_TRAIN, replay=_chain(adapter=False))
+    assert (trained_without_candidate.decision, trained_without_candidate.rule) == ("reject", "candidate")
 
 
 def test_missing_or_unknown_inputs_are_loud():
@@ -538,3 +564,163 @@ def test_latency_is_gated_per_request_from_the_replay_and_a_missing_figure_is_lo
     scored, meta = frames({"base": base, "candidate": cand})
     calib = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=None, slices=ANSWER.slices)
     assert calib.decision == "promote" and "request_p95_latency_ms" not in {c.name for c in calib.checks}
+
+
+# --- the incumbent's verdict and the production decision ---------------------------------------
+def _incumbent_vectors(
+    n: int, base_right: int, inc_only: int, base_only: int
+) -> tuple[list[bool], list[bool]]:
+    """Incumbent and base pass vectors with exactly ``inc_only`` incumbent-only and ``base_only`` base-only passes."""
+    base = np.zeros(n, bool)
+    base[:base_right] = True
+    inc = base.copy()
+    inc[:base_only] = False
+    inc[base_right : base_right + inc_only] = True
+    return inc.tolist(), base.tolist()
+
+
+def test_incumbent_worse_than_base_beyond_noise_rolls_back_with_evidence():
+    inc, base = _incumbent_vectors(60, base_right=20, inc_only=1, base_only=10)
+    cand = inc  # the candidate is no better than the incumbent: rejected on quality
+    r = gate({"base": base, "candidate": cand, "incumbent": inc})
+    assert (r.decision, r.rule) == ("reject", "quality")  # the candidate's own decision is unchanged
+    v = r.incumbent
+    assert (v.decision, v.rule) == ("rollback", "incumbent_quality")
+    # one-sided exact McNemar, incumbent vs base: P(Bin(11, 1/2) >= 10) = (11 + 1) / 2048
+    assert v.numbers["incumbent_pvalue"] == pytest.approx(12 / 2048, rel=1e-9)
+    assert (v.numbers["incumbent_b"], v.numbers["incumbent_c"], v.numbers["incumbent_n_items"]) == (1, 10, 60)
+    assert v.numbers["incumbent_delta"] == pytest.approx(-9 / 60)
+    assert v.numbers["incumbent_pass_rate"] == pytest.approx(11 / 60)
+    assert v.numbers["incumbent_base_pass_rate"] == pytest.approx(20 / 60)
+    assert r.production == ("rollback", "incumbent_quality")
+    flat = flat_metrics(r)
+    assert flat["decision"] == "reject" and flat["production_decision"] == "rollback"
+    assert flat["incumbent_decision"] == "rollback" and flat["incumbent_rule"] == "incumbent_quality"
+    assert (
+        flat["check_incumbent_quality"] == "rollback" and flat["check_incumbent_hallucination_rate"] == "keep"
+    )
+    assert all(isinstance(x, (int, float, str, bool)) for x in flat.values())
+    ev = evidence_bundle(
+        r, "2026-02", frames({"base": base, "candidate": cand, "incumbent": inc})[1], "f" * 64, {}, P
+    )
+    assert ev["decision"] == "reject" and ev["production_decision"] == "rollback"
+    section = ev["incumbent_verdict"]
+    assert section["decision"] == "rollback" and section["adapter"] == {
+        "batch": "2026-01",
+        "adapter_sha256": SHA["incumbent"],
+    }
+    assert [c["name"] for c in section["checks"]] == [
+        "incumbent_quality",
+        "incumbent_hallucination_rate",
+        "incumbent_wrong_fact_rate",
+    ]
+    md = render_report(ev)
+    assert (
+        "Production: **ROLLBACK**" in md
+        and "clap rollback --batch 2026-02" in md
+        and "b=1 incumbent-only, c=10 base-only passes, N=60" in md
+    )
+    assert md.startswith("# Gate 2026-02: **REJECT** (rule: `quality`); production: **ROLLBACK**\n")
+
+
+@pytest.mark.parametrize(
+    "inc_only, base_only, pvalue, verdict",
+    [
+        (1, 8, 10 / 512, "rollback"),  # P(Bin(9, 1/2) >= 8)
+        (1, 6, 8 / 128, "keep"),  # P(Bin(7, 1/2) >= 6) = 0.0625 >= alpha: may be noise
+        (5, 5, 0.623046875, "keep"),  # P(Bin(10, 1/2) >= 5)
+        (0, 0, 1.0, "keep"),  # the incumbent answers exactly like the base
+    ],
+)
+def test_incumbent_verdict_follows_the_exact_test_at_the_gate_alpha(inc_only, base_only, pvalue, verdict):
+    inc, base = _incumbent_vectors(60, base_right=20, inc_only=inc_only, base_only=base_only)
+    v = gate({"base": base, "candidate": inc, "incumbent": inc}).incumbent
+    assert v.numbers["incumbent_pvalue"] == pytest.approx(pvalue, rel=1e-9) and v.decision == verdict
+    assert v.rule == ("incumbent_quality" if verdict == "rollback" else "all_checks_passed")
+
+
+def test_incumbent_equal_to_base_is_kept_and_production_follows_the_candidate():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    r = gate({"base": base, "candidate": cand, "incumbent": base})
+    assert r.incumbent.decision == "keep" and r.incumbent.numbers["incumbent_pvalue"] == 1.0
+    assert r.decision == "promote" and r.production == ("promote", "all_checks_passed")
+    assert "**KEEP**" in render_report(
+        evidence_bundle(r, "2026-02", frames({"base": base})[1], "f" * 64, {}, P)
+    )
+
+
+def test_a_releasable_candidate_replaces_a_failing_incumbent():
+    inc, base = _incumbent_vectors(60, base_right=20, inc_only=1, base_only=10)
+    cand = [True] * 40 + [False] * 20  # far better than the incumbent (and the base)
+    r = gate({"base": base, "candidate": cand, "incumbent": inc})
+    assert r.incumbent.decision == "rollback" and r.decision == "promote"
+    assert r.production == ("promote", "all_checks_passed")
+    md = render_report(evidence_bundle(r, "2026-02", frames({"base": base})[1], "f" * 64, {}, P))
+    assert "releasing this candidate replaces it" in md
+
+
+@pytest.mark.parametrize("held", ["hold", "reject"])
+def test_a_held_or_rejected_candidate_with_a_failing_incumbent_is_a_rollback(held):
+    inc, base = _incumbent_vectors(60, base_right=20, inc_only=1, base_only=10)
+    r = gate(
+        {"base": base, "candidate": [True] * 40 + [False] * 20, "incumbent": inc},
+        train={**OK_TRAIN, "health": {"hold": "stopped", "reject": "nan"}[held]},
+    )
+    assert r.decision == held and r.production == ("rollback", "incumbent_quality")
+
+
+def test_incumbent_over_a_risk_bound_beyond_noise_rolls_back():
+    inc, base = _incumbent_vectors(100, base_right=30, inc_only=0, base_only=0)  # as good as the base
+    scored, meta = frames({"base": base, "candidate": inc, "incumbent": inc})
+    rows = scored.index[scored["model"] == "incumbent"]
+    scored.loc[rows[:12], "hallucination"] = True  # 12 % vs 5 %: lower bound 7.1 %
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
+    assert (r.incumbent.decision, r.incumbent.rule) == ("rollback", "incumbent_hallucination_rate")
+    assert r.incumbent.numbers["incumbent_hallucination_rate"] == pytest.approx(0.12)
+    assert r.incumbent.numbers["incumbent_hallucination_rate_lcb"] == pytest.approx(0.0708, abs=1e-4)
+    scored.loc[rows[:12], "hallucination"] = False
+    scored.loc[rows[:6], "hallucination"] = True  # 6 %: over, but its lower bound 2.6 % is not
+    noise = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
+    assert noise.incumbent.decision == "keep"
+    assert noise.incumbent.numbers["incumbent_hallucination_rate_lcb"] == pytest.approx(0.0264, abs=1e-4)
+    scored.loc[rows[:20], "wrong_fact"] = True  # 20 % vs 15 %: lower bound 13.7 %, not beyond noise
+    assert (
+        run_gate(
+            scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices
+        ).incumbent.decision
+        == "keep"
+    )
+    scored.loc[rows[:30], "wrong_fact"] = True  # 30 %: lower bound 22.4 % > 15 %
+    wrong = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
+    assert wrong.incumbent.rule == "incumbent_wrong_fact_rate"
+
+
+def test_no_incumbent_means_no_rollback_verdict():
+    cand, base = vectors(60, wins=20, losses=1, base_right=10)
+    r = gate({"base": base, "candidate": cand})
+    assert (r.incumbent.decision, r.incumbent.rule) == ("n/a", "no_incumbent") and r.incumbent.numbers == {}
+    flat = flat_metrics(r)
+    assert (
+        flat["incumbent_decision"] == "n/a" and flat["production_decision"] == flat["decision"] == "promote"
+    )
+    assert not any(k.startswith(("incumbent_p", "check_incumbent")) for k in flat)
+    md = render_report(evidence_bundle(r, "2026-02", frames({"base": base})[1], "f" * 64, {}, P))
+    assert "Incumbent: n/a (no adapter in production)" in md and "Production:" not in md
+    untrained = gate({"base": base}, train={"trained": 0, "health": "skipped"}, admit={"admitted": 0})
+    assert untrained.incumbent.decision == "n/a" and untrained.production == ("reject", "admission")
+
+
+def test_the_candidate_that_is_the_production_adapter_is_judged_as_the_incumbent():
+    inc, base = _incumbent_vectors(60, base_right=20, inc_only=1, base_only=10)
+    scored, meta = frames({"base": base, "candidate": inc})
+    meta["production"] = {"role": "incumbent", "batch": "2026-02", "adapter_sha256": SHA["candidate"]}
+    r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
+    assert r.incumbent.decision == "rollback" and "IS the production adapter" in r.incumbent.reason
+    assert r.incumbent.adapter == {"batch": "2026-02", "adapter_sha256": SHA["candidate"]}
+
+
+def test_the_gate_and_release_agree_on_what_is_releasable():
+    from clap.judge.gating import PRODUCTION_DECISIONS, RELEASABLE
+    from clap.release.approval import RELEASABLE as RELEASE_ACCEPTS
+
+    assert RELEASABLE == RELEASE_ACCEPTS and set(PRODUCTION_DECISIONS) == {*DECISION_CODE, "rollback"}

@@ -69,6 +69,7 @@ RELEASE_PARAMS = {
     "audience": "clap-release",
     "approval_ttl_s": 600,
     "max_approval_ttl_s": 3600,
+    "rollback_to_base": False,
     "card": {
         "license": "apache-2.0",
         "task": "question answering (JSON)",
@@ -80,8 +81,10 @@ RELEASE_PARAMS = {
         "over_budget": "refuse",
         "budget_cpu_hours": 2.0,
         "budget_gpu_hours": 1.0,
+        "estimate_batches": 2,
         "stages": ["train", "eval"],
         "wall_time_key": "wall_s",
+        "estimate_key": "cost_estimate_s",
         "device_key": "device",
     },
 }

@@ -13,16 +13,19 @@ from cryptography.hazmat.primitives import serialization
 from clap import io
 from clap.errors import ClapError
 from clap.release import control as R
+from clap.release.registry import check_registry, verify_pointer
 
 from .release_fixtures import (
     BATCHES,
     ROOT,
     approve,
     clean_git_env,
+    commit_all,
     copy_template,
     git,
     read_jsonl,
     release_both,
+    repro,
     snapshot,
     template_base,
 )
@@ -129,7 +132,109 @@ def test_rollback_refused_when_the_adapter_is_in_neither_cache_nor_remote(repo):
 def test_rollback_refused_without_a_previous_release(repo):
     refused(repo, lambda: R.rollback(repo), "nothing_released")
     R.release(repo, X, approve(repo, X), R.load_params(repo))
-    refused(repo, lambda: R.rollback(repo), "no_previous_release")
+    message = refused(repo, lambda: R.rollback(repo), "no_previous_release")
+    assert "release.rollback_to_base is false" in message
+
+
+def set_rollback_to_base(repo, value: bool) -> None:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["release"]["rollback_to_base"] = value
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit_all(repo, f"release.rollback_to_base: {value}")
+
+
+def write_gate_rollback(repo, batch: str, judged_sha: str, production: str = "rollback") -> None:
+    """A committed gate record + evidence of ``batch`` whose incumbent verdict (about the adapter with
+    ``judged_sha``) is rollback, and whose decision for production is ``production``."""
+    io.write_json(
+        repo / "metrics" / "gate" / f"{batch}.json",
+        {
+            "decision": "reject",
+            "decision_code": 0,
+            "rule": "quality",
+            "production_decision": production,
+            "production_rule": "incumbent_quality",
+            "incumbent_decision": "rollback",
+            "incumbent_rule": "incumbent_quality",
+        },
+    )
+    io.write_json(
+        repo / "reports" / "gate" / batch / "evidence.json",
+        {
+            "decision": "reject",
+            "production_decision": production,
+            "incumbent_verdict": {
+                "decision": "rollback",
+                "rule": "incumbent_quality",
+                "adapter": {"batch": "?", "adapter_sha256": judged_sha},
+            },
+        },
+    )
+    commit_all(repo, f"gate {batch}")
+
+
+def test_rollback_acts_on_the_gate_decision_of_a_batch(repo):
+    release_both(repo)
+    z = "2026-03"  # a new batch on which the production adapter (Y) fails
+    write_gate_rollback(repo, z, adapter_sha(repo, Y), production="reject")
+    message = refused(repo, lambda: R.rollback(repo, z), "not_a_rollback")
+    assert "'reject', not 'rollback'" in message
+    write_gate_rollback(repo, z, adapter_sha(repo, X))  # the gate judged another adapter than production's
+    refused(repo, lambda: R.rollback(repo, z), "stale_evaluation")
+    write_gate_rollback(repo, z, adapter_sha(repo, Y))
+    (repo / "reports" / "gate" / z / "evidence.json").write_text("{}")
+    refused(repo, lambda: R.rollback(repo, z), "uncommitted")
+    git(repo, "checkout", "--", f"reports/gate/{z}/evidence.json")
+    event = R.rollback(repo, z)
+    assert (event["from_batch"], event["to_batch"]) == (Y, X) and R.read_pointer(repo)["batch"] == X
+    assert event["gate_batch"] == z and event["reason"] == f"gate {z}: incumbent_quality"
+    assert event["gate_evidence_sha256"] == io.sha256_file(repo / "reports" / "gate" / z / "evidence.json")
+    assert read_jsonl(repo / "releases" / "history.jsonl")[-1]["gate_batch"] == z
+    assert check_registry(repo, emit=lambda line: None) == 3
+
+
+def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
+    import sys
+
+    R.release(repo, X, approve(repo, X), R.load_params(repo))
+    write_gate_rollback(repo, "2026-03", adapter_sha(repo, X))
+    message = refused(repo, lambda: R.rollback(repo, "2026-03"), "no_previous_release")
+    assert "set it to true to fall back to the base model" in message
+    set_rollback_to_base(repo, True)
+    done = subprocess.run(
+        [sys.executable, "-m", "clap.cli", "rollback", "--batch", "2026-03"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"rolled back {X} -> base model (release.rollback_to_base) on the gate decision"
+    )
+    pointer = R.read_pointer(repo)
+    assert pointer["batch"] is None and pointer == R.BASE_POINTER
+    event = read_jsonl(repo / "releases" / "history.jsonl")[-1]
+    assert event["event"] == "rollback" and (event["from_batch"], event["to_batch"], event["to"]) == (
+        X,
+        None,
+        "base",
+    )
+    assert event["adapter_sha256"] is None and event["policy"] == "release.rollback_to_base"
+    assert git(repo, "log", "-1", "--format=%s").strip().startswith(f"rollback {X} -> base")
+    assert git(repo, "status", "--porcelain") == ""
+    assert git(repo, "tag", "-l", "clap-adapter#prod*").split() == [  # GTO: prod unassigned, assigned to none
+        "clap-adapter#prod!#2",
+        "clap-adapter#prod#1",
+    ]
+    assert verify_pointer(repo) is None  # serve and eval: nothing released
+    lines: list[str] = []
+    assert check_registry(repo, emit=lines.append) == 2
+    assert any(f"rollback {X} -> base" in line for line in lines)
+    refused(repo, lambda: R.rollback(repo), "nothing_released")
+    # production can be released again from base: the next release replaces nothing
+    repro(repo)
+    again = R.release(repo, Y, approve(repo, Y), R.load_params(repo))
+    assert again["previous_batch"] is None and check_registry(repo, emit=lambda line: None) == 3
 
 
 def test_evaluation_against_an_older_incumbent_is_refused(repo):

@@ -37,8 +37,10 @@ COST_P = CostParams(
     over_budget="refuse",
     budget_cpu_hours=1.0,
     budget_gpu_hours=0.5,
+    estimate_batches=2,
     stages=["train", "eval"],
     wall_time_key="wall_s",
+    estimate_key="cost_estimate_s",
     device_key="device",
 )
 BINDING = Binding(B, "promote", "a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64)
@@ -172,6 +174,20 @@ def test_cost_is_within_budget(root):
         and c["gpu_hours"] == 0.0
         and c["missing_wall_time"] == []
     )
+
+
+def test_cost_report_reconciles_the_training_estimate_with_the_wall_time(root):
+    io.write_metrics_and_record(
+        root / "metrics" / "train" / f"{B}.json",
+        None,
+        {"wall_s": 1800.0, "device": "cpu", "health": "ok", "cost_estimate_s": 1500.0},
+    )
+    c = cost_report(root, B, COST_P)
+    train, evals = c["stages"]["train"], c["stages"]["eval"]
+    assert train["estimate_s"] == 1500.0 and train["wall_s"] == 1800.0
+    assert train["actual_over_estimate"] == 1.2  # 1800 / 1500: the run took 20 % longer than estimated
+    assert evals["estimate_s"] is None and evals["actual_over_estimate"] is None  # eval estimates nothing
+    assert c["estimate_batches"] == 2 and c["status"] == "within"
 
 
 def test_missing_wall_time_is_reported_missing_not_zero(root):

@@ -152,3 +152,10 @@ def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
         run_probe(
             data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "s", tiny_params(start_from="sft"), SP, TP
         )
+    # admitted, but the SFT run was not trained (held over its budget): not run, and why
+    io.write_json(tmp_path / "held-sft" / "skipped.json", {"trained": False, "reason": "over budget: ..."})
+    held = run_probe(
+        data, admit, tiny_base, tmp_path / "held-sft", tmp_path / "h", tiny_params(start_from="sft"), SP, TP
+    )
+    assert (held.record["run"], held.record["stop_reason"]) == (0, "sft_not_trained")
+    assert io.read_json(tmp_path / "h" / NOT_RUN_FILE)["reason"] == "sft_not_trained"

@@ -16,11 +16,13 @@ from clap.errors import ClapError
 from clap.model import base as mdl
 from clap.task.answer import load_answer_schema
 from clap.train import sft as tr
+from clap.train.budget import BudgetParams
 from clap.train.detector import DetectorParams
 
 ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BP = BudgetParams(over_budget="refuse", budget_cpu_hours=1000.0, budget_gpu_hours=1000.0, estimate_batches=2)
 
 
 def _tp(root: Path, **kw) -> tr.TrainParams:
@@ -78,7 +80,7 @@ def batch(tmp_path_factory) -> Path:
 def reference(tiny_base, batch, tmp_path_factory):
     """One uninterrupted 4-step run (packing, checkpoints every 2 steps): the record to compare against."""
     root = tmp_path_factory.mktemp("ref")
-    result = tr.train_batch(batch, tiny_base, root / "adapters" / "b", _tp(root), _dp(), answer=ANSWER)
+    result = tr.train_batch(batch, tiny_base, root / "adapters" / "b", _tp(root), _dp(), answer=ANSWER, bp=BP)
     return root, result
 
 
@@ -94,6 +96,10 @@ def test_run_writes_adapter_record_and_curves(reference):
     assert [r["step"] for r in result.curves] == [1, 2, 3, 4]
     assert all(r["probe_loss"] is not None and r["log_e"] is not None for r in result.curves)
     assert all(isinstance(v, (int, float, str, bool)) for v in rec.values())  # flat for DVC
+    # within budget: estimated before training, trained as planned
+    assert rec["cost_over_budget"] == 0 and rec["cost_kind"] == "cpu" and rec["cost_budget_s"] == 3.6e6
+    assert rec["cost_estimate_s"] >= rec["cost_setup_wall_s"] > 0 and rec["cost_measured_tokens_per_s"] > 0
+    assert rec["cost_planned_tokens"] > 0 and rec["wall_s"] > rec["cost_setup_wall_s"]
 
 
 def test_completion_only_masking_masks_exactly_the_prompt(reference):
@@ -111,6 +117,7 @@ def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
         _tp(tmp_path, max_steps=1, loss_on_prompt=True),
         _dp(enabled=False),
         answer=ANSWER,
+        bp=BP,
     ).record
     assert (
         rec["masked_tokens_fraction"] == 0.0
@@ -122,7 +129,7 @@ def test_loss_on_prompt_switch_trains_on_the_prompt(tiny_base, batch, tmp_path):
 
 def test_two_runs_give_the_identical_adapter(reference, tiny_base, batch, tmp_path):
     again = tr.train_batch(
-        batch, tiny_base, tmp_path / "adapters" / "b", _tp(tmp_path), _dp(), answer=ANSWER
+        batch, tiny_base, tmp_path / "adapters" / "b", _tp(tmp_path), _dp(), answer=ANSWER, bp=BP
     ).record
     assert again["adapter_sha256"] == reference[1].record["adapter_sha256"]
 
@@ -142,9 +149,11 @@ def test_resume_after_interruption_matches_uninterrupted_run(reference, tiny_bas
     ref_root, ref = reference
     out = tmp_path / "adapters" / "b"
     with pytest.raises(KeyboardInterrupt):
-        tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER, extra_callbacks=[_Kill(2)])
+        tr.train_batch(
+            batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER, bp=BP, extra_callbacks=[_Kill(2)]
+        )
     assert not out.exists()  # nothing half-written at the final path
-    resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER)
+    resumed = tr.train_batch(batch, tiny_base, out, _tp(tmp_path), _dp(), answer=ANSWER, bp=BP)
     assert resumed.record["resumed_from"] == "checkpoint-2" and resumed.record["steps"] == 4
     a, b = (
         load_file(out / "adapter_model.safetensors"),
@@ -180,7 +189,7 @@ def test_fingerprint_follows_the_encoded_examples_not_only_the_files(tiny_base, 
 
 def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
     rec = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER, bp=BP
     ).record
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
 
@@ -188,10 +197,10 @@ def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
 def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
     # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
     first = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER, bp=BP
     ).record
     again = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
+        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER, bp=BP
     ).record
     assert again["resumed_from"] == "checkpoint-2"
     for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
@@ -201,7 +210,7 @@ def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
 
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
     data = write_tiny_admitted(tmp_path / "refused", n_sft=4, n_probe=2, seed=0, admitted=False)
-    res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp(), answer=ANSWER)
+    res = tr.train_batch(data, tiny_base, tmp_path / "adapter", _tp(tmp_path), _dp(), answer=ANSWER, bp=BP)
     assert (
         res.record["trained"] == 0
         and res.record["health"] == "skipped"
@@ -324,7 +333,7 @@ def taught_base(tiny_base, tmp_path_factory) -> Path:
 def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
     data = write_tiny_admitted(tmp_path / "b", n_sft=96, n_probe=24, seed=1, relabel=relabel, n_combos=4)
     tp = _tp(tmp_path, max_steps=24, batch_size=4, packing=False, lr=2e-2, save_steps=1000)
-    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp(), answer=ANSWER).record
+    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp(), answer=ANSWER, bp=BP).record
     if relabel:
         assert rec["health"] == "alarm" and 0 < rec["detector_alarm_step"] == rec["steps"] < 24
         assert rec["alarm_fraction"] == rec["detector_alarm_step"] / 24
