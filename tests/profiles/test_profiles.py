@@ -34,6 +34,38 @@ def test_profile_dvc_yaml_is_the_rendered_root_dvc_yaml():
     assert "- data/raw/${item}" in text  # data paths stay the profile's own
 
 
+# sections whose keys are the profile's own data (sources, vocabularies, lexicons, per-key thresholds)
+_OWN = {
+    "sources",
+    "keys",
+    "units",
+    "concepts",
+    "entities",
+    "answer",
+    "max_key_share",
+    "min_distinct",
+    "min_coverage",
+}
+
+
+def _knobs(tree, prefix=""):
+    out = set()
+    for k, v in tree.items():
+        out.add(prefix + str(k))
+        if isinstance(v, dict) and k not in _OWN:
+            out |= _knobs(v, f"{prefix}{k}.")
+    return out
+
+
+def test_profile_params_set_every_knob_of_the_demo():
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    demo.pop("demo")  # the demo data generator's own section
+    profile = yaml.safe_load((TATQA / "params.yaml").read_text(encoding="utf-8"))
+    assert _knobs(demo) == _knobs(profile)
+
+
 def test_render_check_fails_on_drift(tmp_path):
     sys.path.insert(0, str(ROOT / "profiles"))
     try:
