@@ -82,9 +82,7 @@ from clap.release.registry import (
     release_stack,
 )
 from clap.release.registry import read_jsonl as _read_jsonl
-from clap.release.signing import (
-    PUBLIC_KEY as SIGNING_PUBLIC_KEY,
-)
+from clap.release.signing import PUBLIC_KEY as SIGNING_PUBLIC_KEY
 from clap.release.signing import (
     SIGNATURE,
     ModelSignature,

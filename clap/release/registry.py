@@ -759,6 +759,14 @@ def _check_released_from(root: Path, event: dict[str, Any], recorded_in: str) ->
         )
 
 
+def _signature_paths(batch: Any) -> dict[str, Path]:
+    """Where `clap release` commits a batch's model signature and its public key."""
+    from clap.release.signing import PUBLIC_KEY, SIGNATURE
+
+    folder = RELEASES / "handoff" / str(batch)
+    return {"signature": folder / SIGNATURE, "public_key": folder / PUBLIC_KEY}
+
+
 def _check_model_signature(
     event: dict[str, Any], read: Callable[[Path], bytes | None], emit: Callable[[str], None], label: str
 ) -> None:
@@ -770,15 +778,15 @@ def _check_model_signature(
     record = event.get("model_signature")
     if record is None:
         return
-    from clap.release.signing import PUBLIC_KEY, SIGNATURE, fingerprint, require_covers, signed_digests
+    from clap.release.signing import PUBLIC_KEY, fingerprint, require_covers, signed_digests
 
     pointer = event.get("pointer") or {}
     what = f"release of batch {pointer.get('batch')} (approval {pointer.get('approval_id')})"
     if not isinstance(record, dict):
         raise ClapError(f"{what}: model_signature is not an object", file=HISTORY, rule="bad_model_signature")
-    folder = RELEASES / "handoff" / str(pointer.get("batch"))
+    paths = _signature_paths(pointer.get("batch"))
     data: dict[str, bytes] = {}
-    for kind, expected in (("signature", folder / SIGNATURE), ("public_key", folder / PUBLIC_KEY)):
+    for kind, expected in paths.items():
         path, sha = record.get(kind), record.get(f"{kind}_sha256")
         if path != expected.as_posix():
             raise ClapError(
@@ -814,11 +822,11 @@ def _check_model_signature(
     except ClapError as e:
         raise ClapError(
             e.args[0] if e.args[0].startswith(what) else f"{what}: {e.args[0]}",
-            file=folder / SIGNATURE,
+            file=paths["signature"],
             rule=e.rule,
         ) from e
     emit(
-        f"{label}model signature {folder / SIGNATURE} of {pointer.get('batch')}: verifies with "
+        f"{label}model signature {paths['signature'].as_posix()} of {pointer.get('batch')}: verifies with "
         f"{PUBLIC_KEY} (sha256 {fingerprint(data['public_key'])[:12]}…) and signs the approved adapter "
         f"and config among {len(digests)} file(s)"
     )
@@ -852,8 +860,8 @@ def _check_current_signatures(history: list[dict[str, Any]], read: Callable[[Pat
         record = event.get("model_signature")
         if not isinstance(record, dict):
             continue  # released before releases were signed (or malformed: _check_model_signature refuses it)
-        for kind in ("signature", "public_key"):
-            path, sha = Path(str(record.get(kind))), record.get(f"{kind}_sha256")
+        for kind, path in _signature_paths(batch).items():
+            sha = record.get(f"{kind}_sha256")
             blob = read(path)
             actual = hashlib.sha256(blob).hexdigest() if blob is not None else None
             if actual != sha:
