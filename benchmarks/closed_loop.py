@@ -12,8 +12,8 @@ Everything runs in a ``git clone`` of the project's HEAD in a temporary folder: 
 remote is removed (nothing can be pushed), its DVC cache is the project's (``cache.dir`` in
 ``.dvc/config.local``, ``cache.type reflink,copy``: stages the project already ran are
 checked out, never recomputed, and nothing in the clone links into the cache), and the
-approver key is generated there and trusted there only. The project's own ``releases/`` is
-never touched; only the report is written into the project::
+approver key and the model-signing key are generated there, the approver trusted there only.
+The project's own ``releases/`` is never touched; only the report is written into the project::
 
     python benchmarks/closed_loop.py [--project .] [--batches 2026-01 2026-02 2026-05 2026-06]
         [--out benchmarks/results/closed_loop.md] [--set gate.delta_star=0.05 ...] [--keep]
@@ -53,6 +53,8 @@ from clap.release.approval import RELEASABLE  # noqa: E402
 # Two clean months, the shifted one, a clean one after it (docs/release.md, "Closed loop").
 DEFAULT_BATCHES = ("2026-01", "2026-02", "2026-05", "2026-06")
 APPROVER = "closed-loop"  # releases/trusted_keys/closed-loop.pub, in the scratch clone only
+# keys/closed-loop-signer.key: the EC P-256 key that signs each released adapter (model-signing)
+SIGNER = "closed-loop-signer"
 
 # Keys the report cannot do without (clap/judge/gating.py flat_metrics + quality_numbers,
 # clap/judge/replay.py _deltas). The quality keys exist when the gate evaluated a candidate,
@@ -320,6 +322,10 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
         checkout = run([_dvc(), "checkout"], "check out what the project already computed", ok=(0, 1, 255))
         result["checkout_rc"] = checkout.returncode
         run([sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "throwaway approver key")
+        run(
+            [sys.executable, "-m", "clap.cli", "signing-keygen", "--name", SIGNER],
+            "throwaway model-signing key (EC P-256)",
+        )
         git(run, "add", f"releases/trusted_keys/{APPROVER}.pub", what="trust the throwaway key")
         git(
             run,
@@ -345,7 +351,10 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)  # the throwaway private key goes with it
         else:
-            log(f"kept {tmp} (it holds the throwaway private key keys/{APPROVER}.key: delete it when done)")
+            log(
+                f"kept {tmp} (it holds the throwaway private keys keys/{APPROVER}.key and keys/{SIGNER}.key: "
+                "delete it when done)"
+            )
     return result
 
 
@@ -378,7 +387,8 @@ def loop_batch(
             [sys.executable, "-m", "clap.cli", "approve", batch, "--key", key], f"approve {batch}"
         ).stdout.strip()
         rel = run(
-            [sys.executable, "-m", "clap.cli", "release", batch, "--token", "-"],
+            [sys.executable, "-m", "clap.cli", "release", batch, "--token", "-"]
+            + ["--signing-key", f"keys/{SIGNER}.key"],
             f"release {batch}",
             ok=(0, 3),
             stdin=token,

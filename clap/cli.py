@@ -64,6 +64,31 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _signing_keygen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--name",
+        default="model-signing",
+        help="key file name: <out>/<name>.key and <out>/<name>.pub (default: model-signing)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("keys"),
+        help="folder of the key pair, git-ignored (default: keys/)",
+    )
+
+
+def _signing_keygen(args: argparse.Namespace) -> int:
+    from clap.release import control as release
+
+    priv, pub = release.signing_keygen(Path.cwd(), args.name, args.out)
+    print(
+        f"private key: {priv} (EC P-256, mode 0600; never commit it: pass it to `clap release --signing-key`)\n"
+        f"public key:  {pub} (each release commits a copy next to its signature)"
+    )
+    return 0
+
+
 def _revoke_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the approver whose key (releases/trusted_keys/<name>.pub) is revoked")
     p.add_argument("--reason", required=True, help="why (recorded in releases/revoked_keys.jsonl)")
@@ -105,6 +130,13 @@ def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token", required=True, help="the approval token from `clap approve` ('-' reads it from stdin)"
     )
+    p.add_argument(
+        "--signing-key",
+        type=Path,
+        required=True,
+        help="EC P-256 private key (PEM) that signs the adapter folder in the OpenSSF model-signing format "
+        "(`clap signing-keygen`; never commit it)",
+    )
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -112,13 +144,18 @@ def _release(args: argparse.Namespace) -> int:
 
     root = Path.cwd()
     token = sys.stdin.read() if args.token == "-" else args.token
-    event = release.release(root, args.batch, token, release.load_params(root))
+    event = release.release(root, args.batch, token, release.load_params(root), signing_key=args.signing_key)
     if event["event"] == "hold":
         print(
             f"held: {event['reason']} (release.cost.over_budget is hold); production unchanged; commit {event['release_commit'][:12]}"
         )
         return 3
-    print(f"released {args.batch} ({event['pointer']['decision']}); commit {event['release_commit'][:12]}")
+    sig = event["model_signature"]
+    print(
+        f"released {args.batch} ({event['pointer']['decision']}); commit {event['release_commit'][:12]}\n"
+        f"signed models/adapters/{args.batch}: {sig['signature']} (public key {sig['public_key']}, "
+        f"sha256 {sig['public_key_sha256'][:12]})"
+    )
     return 0
 
 
@@ -285,6 +322,11 @@ SUBCOMMANDS: dict[
         _demo_data,
     ),
     "keygen": ("create an approver's Ed25519 key pair", _keygen_args, _keygen),
+    "signing-keygen": (
+        "create the EC P-256 key pair that signs released adapters (OpenSSF model-signing format)",
+        _signing_keygen_args,
+        _signing_keygen,
+    ),
     "revoke": (
         "revoke an approver's key: nothing it signed backs production any more",
         _revoke_args,

@@ -10,9 +10,11 @@ A release happens only when every check passes: a trusted, committed key signed 
 token, which is unexpired, unused, for this batch, and bound to hashes equal to the files
 on disk; the gate's current decision is promote or canary and equal to the token's; the
 evaluation ran against the current production adapter and its records are committed; the
-handoff artifacts validate and the cost is within budget. Then the pointer, history,
-ledger and handoff files are written and committed together; on any failure they are
-restored and nothing is committed. A rollback restores the previous pointer from git
+handoff artifacts validate and the cost is within budget. Then the adapter folder is signed
+in the OpenSSF model-signing format with an EC P-256 key (:mod:`clap.release.signing`; the
+signature must sign exactly the approved adapter and config bytes), and the pointer, history,
+ledger, handoff files, signature and public key are written and committed together; on any
+failure they are restored and nothing is committed. A rollback restores the previous pointer from git
 (the pointer as it was before the current release's commit), restores that adapter's
 bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing; it may act
 on a batch's gate decision (``production_decision: rollback``, the incumbent failing on that
@@ -70,6 +72,7 @@ from clap.release.handoff import (
     write_handoff,
 )
 from clap.release.registry import (
+    ADAPTER_CONFIG,
     HISTORY,
     LEDGER,
     POINTER,
@@ -82,6 +85,14 @@ from clap.release.registry import (
     release_stack,
 )
 from clap.release.registry import read_jsonl as _read_jsonl
+from clap.release.signing import PUBLIC_KEY as SIGNING_PUBLIC_KEY
+from clap.release.signing import (
+    SIGNATURE,
+    ModelSignature,
+    load_signing_key,
+    require_covers,
+    sign_adapter,
+)
 
 HANDOFF = RELEASES / "handoff"
 
@@ -476,7 +487,7 @@ def _verified_claims(root: Path, batch: str, token: str, p: ReleaseParams) -> tu
     return claims, binding
 
 
-def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, Any]:
+def release(root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key: Path) -> dict[str, Any]:
     """Release ``batch`` under the approval ``token`` and commit ``releases/``.
 
     Args:
@@ -484,17 +495,22 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
         batch: the batch to put in production.
         token: the approval from ``clap approve``.
         p: release params.
+        signing_key: the EC P-256 private key (PEM) that signs the adapter folder in the
+            OpenSSF model-signing format (:mod:`clap.release.signing`); the signature and the
+            public key are committed as ``releases/handoff/<batch>/model.sig`` and
+            ``model_signing.pub`` and the event records their sha256.
 
     Returns:
         The history event written (plus ``release_commit``): ``event`` is ``release``, or
         ``hold`` when the cost report is over budget or incomplete and
-        ``release.cost.over_budget`` is ``hold`` (the pointer is then unchanged and the
-        approval is not consumed).
+        ``release.cost.over_budget`` is ``hold`` (the pointer is then unchanged, the
+        approval is not consumed and nothing is signed).
 
     Raises:
         ClapError: why the release is refused; releases/ and git are then unchanged.
     """
     root = Path(root)
+    load_signing_key(signing_key)  # a missing or wrong key is refused before anything else
     with _locked(root):
         claims, binding = _verified_claims(root, batch, token, p)
         pointer = read_pointer(root)
@@ -531,11 +547,15 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
             "approver": claims["iss"],
             "commit": commit,
         }
+        signature = _sign_adapter(root, binding, signing_key)
+        sig_path, pub_path = HANDOFF / batch / SIGNATURE, HANDOFF / batch / SIGNING_PUBLIC_KEY
         event = {
             "event": "release",
             "pointer": new_pointer,
             "previous_batch": pointer.get("batch"),
             "token": token.strip(),  # the signed approval: readers of releases/ re-verify it (registry.py)
+            # which bytes were released, signed in the OpenSSF model-signing format (registry.py checks it)
+            "model_signature": signature.record(sig_path, pub_path),
             "at": _now(),
         }
         history = read_history(root)
@@ -560,7 +580,21 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams) -> dict[str, A
             f"release {batch}: {binding.decision} (approval {claims['jti']})",
             used=used,
             tags=tags,
+            files={sig_path: signature.signature, pub_path: signature.public_key},
         )
+
+
+def _sign_adapter(root: Path, binding: Binding, signing_key: Path) -> ModelSignature:
+    """Sign the adapter folder of ``binding.batch``; the signature must sign exactly the approved
+    adapter and config bytes (a file changed since the binding was checked is refused)."""
+    adapter = artifact_paths(binding.batch)["adapter"]
+    signature = sign_adapter(Path(root) / adapter.parent, signing_key)
+    require_covers(
+        signature.digests,
+        {adapter.name: binding.adapter_sha256, ADAPTER_CONFIG: binding.adapter_config_sha256},
+        f"batch {binding.batch}",
+    )
+    return signature
 
 
 def _over_budget(cost: dict[str, Any], p: CostParams) -> bool:
@@ -583,15 +617,20 @@ def _record(
     message: str,
     used: dict[str, Any] | None = None,
     tags: list[tuple[str, str]] | None = None,
+    files: dict[Path, bytes] | None = None,
 ) -> dict[str, Any]:
-    """Write the handoff files, the event (and, for a release, ledger and pointer), commit them and
-    put the annotated ``tags`` (name, message) on the commit, all or nothing."""
+    """Write the handoff files (and ``files``: repository path -> bytes), the event (and, for a
+    release, ledger and pointer), commit them and put the annotated ``tags`` (name, message) on
+    the commit, all or nothing."""
     out_dir = HANDOFF / (event.get("batch") or event["pointer"]["batch"])
-    paths = [HISTORY, out_dir / CARD, out_dir / MANIFEST, out_dir / COST] + (
+    files = files or {}
+    paths = [HISTORY, out_dir / CARD, out_dir / MANIFEST, out_dir / COST, *files] + (
         [LEDGER, POINTER] if used else []
     )
     with _transaction(root, paths):
         write_handoff(handoff, root / out_dir)
+        for path, data in files.items():
+            io.atomic_write_bytes(root / path, data)
         io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
         if used:
             io.atomic_write_text(root / LEDGER, _append_line(_text(root / LEDGER), used))
@@ -928,12 +967,8 @@ def revoke(root: Path, name: str, reason: str) -> dict[str, Any]:
         return {**row, "commit": commit}
 
 
-def keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:
-    """Create approver ``name``'s key pair; the private key must land in a git-ignored path."""
-    from clap.release.approval import generate_keypair
-
-    root = Path(root)
-    probe = Path(key_dir) / f"{name}.key"
+def _require_ignored(root: Path, probe: Path) -> None:
+    """A private key inside the repository must land in a path git ignores."""
     rel = (
         probe.resolve().relative_to(root.resolve())
         if probe.resolve().is_relative_to(root.resolve())
@@ -944,7 +979,26 @@ def keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:
             f"{rel} would not be ignored by git: keep private keys in a git-ignored folder (keys/)",
             rule="key_not_ignored",
         )
+
+
+def keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:
+    """Create approver ``name``'s key pair; the private key must land in a git-ignored path."""
+    from clap.release.approval import generate_keypair
+
+    root = Path(root)
+    _require_ignored(root, Path(key_dir) / f"{name}.key")
     return generate_keypair(name, Path(key_dir), root / TRUSTED)
+
+
+def signing_keygen(root: Path, name: str, key_dir: Path) -> tuple[Path, Path]:
+    """Create an EC P-256 model-signing key pair (``<key_dir>/<name>.key`` and ``.pub``) for
+    ``clap release --signing-key``; the private key must land in a git-ignored path (a release
+    commits a copy of the public key next to each signature)."""
+    from clap.release.signing import generate_signing_keypair
+
+    root = Path(root)
+    _require_ignored(root, Path(key_dir) / f"{name}.key")
+    return generate_signing_keypair(name, Path(key_dir))
 
 
 def handoff(root: Path, batch: str, out_dir: Path | None, p: ReleaseParams) -> list[str]:

@@ -23,7 +23,9 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
 (:func:`check_registry`) replays the whole history with the same checks, commit by commit
 through git (every commit that changed ``releases/``; history, ledger and revocations may only
-grow), then the working tree.
+grow), then the working tree; it also checks each release's model signature (the OpenSSF
+model-signing bundle ``releases/handoff/<batch>/model.sig``, when the release recorded one) at the
+commit that recorded it, and that no later commit replaced it.
 
 This module imports only clap core, :mod:`clap.release.approval` and the adapter file name, so serve and eval can use
 it without the release machinery (git, DVC, handoff).
@@ -766,10 +768,119 @@ def _check_released_from(root: Path, event: dict[str, Any], recorded_in: str) ->
         )
 
 
-def _check_new_releases(root: Path, history: list[dict[str, Any]], first: int, recorded_in: str) -> None:
-    for event in history[first:]:
+def _signature_paths(batch: Any) -> dict[str, Path]:
+    """Where `clap release` commits a batch's model signature and its public key."""
+    from clap.release.signing import PUBLIC_KEY, SIGNATURE
+
+    folder = RELEASES / "handoff" / str(batch)
+    return {"signature": folder / SIGNATURE, "public_key": folder / PUBLIC_KEY}
+
+
+def _check_model_signature(
+    event: dict[str, Any], read: Callable[[Path], bytes | None], emit: Callable[[str], None], label: str
+) -> None:
+    """A release event's model signature (``model_signature``, recorded since releases sign the
+    adapter folder; an event without one was released before and is not checked): the signature
+    and public key it names must be the ones committed with it (path and sha256), the signature must
+    verify with that key (model-signing's verifier, no adapter bytes needed) and sign exactly the
+    adapter and config hashes the approval bound."""
+    record = event.get("model_signature")
+    if record is None:
+        return
+    from clap.release.signing import PUBLIC_KEY, fingerprint, require_covers, signed_digests
+
+    pointer = event.get("pointer") or {}
+    what = f"release of batch {pointer.get('batch')} (approval {pointer.get('approval_id')})"
+    if not isinstance(record, dict):
+        raise ClapError(f"{what}: model_signature is not an object", file=HISTORY, rule="bad_model_signature")
+    paths = _signature_paths(pointer.get("batch"))
+    data: dict[str, bytes] = {}
+    for kind, expected in paths.items():
+        path, sha = record.get(kind), record.get(f"{kind}_sha256")
+        if path != expected.as_posix():
+            raise ClapError(
+                f"{what}: its model {kind} is recorded at {path!r}, not {expected.as_posix()}",
+                file=HISTORY,
+                rule="bad_model_signature",
+            )
+        blob = read(expected)
+        if blob is None:
+            raise ClapError(
+                f"{what}: its model {kind} {expected.as_posix()} was not committed with it",
+                file=expected,
+                rule="bad_model_signature",
+            )
+        if hashlib.sha256(blob).hexdigest() != sha:
+            raise ClapError(
+                f"{what}: {expected.as_posix()} is not the recorded model {kind}: sha256 recorded {sha}, "
+                f"committed {hashlib.sha256(blob).hexdigest()}",
+                file=expected,
+                rule="bad_model_signature",
+            )
+        data[kind] = blob
+    try:
+        digests = signed_digests(data["signature"], data["public_key"])
+        require_covers(
+            digests,
+            {
+                ADAPTER_FILE: pointer.get("adapter_sha256"),
+                ADAPTER_CONFIG: pointer.get("adapter_config_sha256"),
+            },
+            what,
+        )
+    except ClapError as e:
+        raise ClapError(
+            e.args[0] if e.args[0].startswith(what) else f"{what}: {e.args[0]}",
+            file=paths["signature"],
+            rule=e.rule,
+        ) from e
+    emit(
+        f"{label}model signature {paths['signature'].as_posix()} of {pointer.get('batch')}: verifies with "
+        f"{PUBLIC_KEY} (sha256 {fingerprint(data['public_key'])[:12]}…) and signs the approved adapter "
+        f"and config among {len(digests)} file(s)"
+    )
+
+
+def _check_new_releases(
+    root: Path,
+    history: list[dict[str, Any]],
+    first: int,
+    recorded_in: str,
+    read: Callable[[Path], bytes | None],
+    emit: Callable[[str], None],
+    label: str,
+) -> None:
+    for n, event in enumerate(history[first:], start=first + 1):
         if event.get("event") == "release":
             _check_released_from(root, event, recorded_in)
+            _check_model_signature(event, read, emit, f"{label}{n}: ")
+    _check_current_signatures(history, read)
+
+
+def _check_current_signatures(history: list[dict[str, Any]], read: Callable[[Path], bytes | None]) -> None:
+    """Only `clap release` writes a model signature: each batch's ``model.sig`` and ``model_signing.pub``
+    must still be the ones its last release recorded (a later commit cannot swap in another key's
+    signature, which the standard verifier would accept with the swapped public key)."""
+    last: dict[str, dict[str, Any]] = {}
+    for event in history:
+        if event.get("event") == "release" and isinstance(event.get("pointer"), dict):
+            last[str(event["pointer"].get("batch"))] = event
+    for batch, event in last.items():
+        record = event.get("model_signature")
+        if not isinstance(record, dict):
+            continue  # released before releases were signed (or malformed: _check_model_signature refuses it)
+        for kind, path in _signature_paths(batch).items():
+            sha = record.get(f"{kind}_sha256")
+            blob = read(path)
+            actual = hashlib.sha256(blob).hexdigest() if blob is not None else None
+            if actual != sha:
+                raise ClapError(
+                    f"{path.as_posix()} is not the model {kind} that the last release of batch {batch} "
+                    f"(approval {event['pointer'].get('approval_id')}) recorded: sha256 recorded {sha}, "
+                    f"here {actual or 'missing'} (only `clap release` writes it)",
+                    file=path,
+                    rule="bad_model_signature",
+                )
 
 
 def _in_commit(commit: str, subject: str, e: ClapError, tmp: str) -> ClapError:
@@ -791,8 +902,11 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
     its history must verify as :func:`_check_state` says (each release signed by a trusted,
     unrevoked key, used once, hashes bound; each rollback back to the previous release; the
     pointer the release in effect) and its history, ledger and revocations must extend each
-    parent's. One line per release, rollback and hold, prefixed with the commit that recorded it;
-    then the working tree (what serve and eval read) the same way, and one line for production.
+    parent's; each new release's model signature must be the one committed with it, verify with its
+    public key and sign the approved adapter and config, and each batch's signature files must stay
+    those of its last release. One line per release, rollback, hold and model signature, prefixed
+    with the commit that recorded it; then the working tree (what serve and eval read) the same way,
+    and one line for production.
 
     Args:
         root: the repository root (a git checkout with its full history).
@@ -821,7 +935,15 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
                 reg, _ = _check_state(
                     Path(tmp), root, emit, first=before, label=f"{sha[:12]} ", current=False
                 )
-                _check_new_releases(root, reg.history, before, sha)
+                _check_new_releases(
+                    root,
+                    reg.history,
+                    before,
+                    sha,
+                    lambda path, sha=sha: _blob(root, sha, path),
+                    emit,
+                    f"{sha[:12]} ",
+                )
                 for parent in parents or [None]:
                     _require_append_only(
                         _committed_rows(root, parent),
@@ -833,7 +955,15 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
     head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
     try:
         reg, pointer = _check_state(root, root, emit, first=len(head[HISTORY]), label="working tree ")
-        _check_new_releases(root, reg.history, len(head[HISTORY]), rev)
+        _check_new_releases(
+            root,
+            reg.history,
+            len(head[HISTORY]),
+            rev,
+            lambda path: (root / path).read_bytes() if (root / path).is_file() else None,
+            emit,
+            "working tree ",
+        )
         _require_append_only(head, _worktree_rows(root), rev)
     except ClapError as e:
         raise ClapError(

@@ -74,6 +74,8 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     assert rb["from_sha256"] == shas[1] and rb["restored_sha256"] == rb["pointer_sha256"] == shas[0]
     assert "restored by checkout" in rb["output"]  # the folder was deleted: the bytes came from the cache
     assert result["registry_check"][-1].startswith(f"production: batch {BATCHES[0]}")
+    signed = [line for line in result["registry_check"] if ": model signature " in line]
+    assert len(signed) == len(BATCHES)  # each release signed the adapter folder (OpenSSF model-signing)
 
     commands = [c["command"] for c in result["commands"]]
     assert [c for c in commands if c.startswith("dvc repro")] == [f"dvc repro gate@{b}" for b in BATCHES]

@@ -22,7 +22,7 @@ import yaml
 
 from clap import io
 from clap.params import raw_section
-from clap.release.control import keygen
+from clap.release.control import keygen, signing_keygen
 
 BATCHES = ("2026-01", "2026-02")
 ROOT = Path(__file__).resolve().parents[3]
@@ -150,7 +150,8 @@ def repro(repo: Path) -> None:
 
 
 def build_template(base: Path) -> Path:
-    """Create ``base/repo`` (reproduced and committed, nothing released), ``base/keys/alice.key``, ``base/remote``."""
+    """Create ``base/repo`` (reproduced and committed, nothing released), ``base/keys/alice.key`` (approver),
+    ``base/keys/signer.key`` (model signing), ``base/remote``."""
     from dvc.repo import Repo
 
     repo = base / "repo"
@@ -187,6 +188,7 @@ def build_template(base: Path) -> Path:
     io.write_json(repo / "releases" / "production.json", {"batch": None})
     (base / "remote").mkdir()
     keygen(repo, "alice", base / "keys")
+    signing_keygen(repo, "signer", base / "keys")  # EC P-256: signs the released adapter folder
     commit_all(repo, "init")
     repro(repo)
     return repo
@@ -258,16 +260,21 @@ def approve(repo: Path, batch: str, key: str = "alice") -> str:
     )
 
 
+def signing_key(repo: Path) -> Path:
+    """The template's model-signing private key (EC P-256, outside the repository)."""
+    return repo.parent / "keys" / "signer.key"
+
+
 def release_both(repo: Path) -> tuple[str, str]:
     """Release the first batch, re-run the pipeline against it, release the second: returns both tokens."""
     from clap.release import control as R
 
     first, second = BATCHES
     t1 = approve(repo, first)
-    R.release(repo, first, t1, R.load_params(repo))
+    R.release(repo, first, t1, R.load_params(repo), signing_key=signing_key(repo))
     repro(repo)  # production changed: eval/gate re-run against the new incumbent
     t2 = approve(repo, second)
-    R.release(repo, second, t2, R.load_params(repo))
+    R.release(repo, second, t2, R.load_params(repo), signing_key=signing_key(repo))
     return t1, t2
 
 

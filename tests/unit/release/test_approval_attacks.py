@@ -16,7 +16,15 @@ from clap.errors import ClapError
 from clap.release import control as R
 from clap.release.approval import load_private_key, mint_token
 
-from .release_fixtures import clean_git_env, copy_template, git, set_decision, snapshot, template_base
+from .release_fixtures import (
+    clean_git_env,
+    copy_template,
+    git,
+    set_decision,
+    signing_key,
+    snapshot,
+    template_base,
+)
 
 X, Y = "2026-01", "2026-02"
 
@@ -50,7 +58,7 @@ def _b64(obj) -> str:
 def assert_refused(repo, batch, token, rule):
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, batch, token, R.load_params(repo))
+        R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == rule, str(err.value)
     assert snapshot(repo) == before
     return str(err.value)
@@ -58,7 +66,7 @@ def assert_refused(repo, batch, token, rule):
 
 def test_genuine_token_is_released(repo):
     """The control: the same setup the attacks start from does release."""
-    event = R.release(repo, X, _mint(repo), R.load_params(repo))
+    event = R.release(repo, X, _mint(repo), R.load_params(repo), signing_key=signing_key(repo))
     assert event["event"] == "release" and R.read_pointer(repo)["batch"] == X
 
 
@@ -86,14 +94,14 @@ def test_algorithm_confusion(repo, alg):
 
 def test_replayed_token(repo):
     token = _mint(repo)
-    R.release(repo, X, token, R.load_params(repo))
+    R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     assert "already used" in assert_refused(repo, X, token, "replayed_token")
 
 
 def test_replay_after_a_plain_git_revert_of_the_release(repo):
     """`git revert` of a release commit drops its ledger line; the commit log still names the approval."""
     token = _mint(repo)
-    R.release(repo, X, token, R.load_params(repo))
+    R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     git(repo, "revert", "--no-edit", "HEAD")
     assert_refused(repo, X, token, "replayed_token")
 

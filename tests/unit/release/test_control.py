@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from clap import io
 from clap.errors import ClapError
@@ -26,6 +30,7 @@ from .release_fixtures import (
     read_jsonl,
     release_both,
     repro,
+    signing_key,
     snapshot,
     template_base,
 )
@@ -60,7 +65,7 @@ def set_release_params(repo, **cost):
 
 def test_release_commits_pointer_history_ledger_and_handoff(repo):
     token = approve(repo, X)
-    event = R.release(repo, X, token, R.load_params(repo))
+    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     pointer = R.read_pointer(repo)
     assert (
         pointer == event["pointer"]
@@ -79,11 +84,101 @@ def test_release_commits_pointer_history_ledger_and_handoff(repo):
         f"releases/handoff/{X}/README.md",
         f"releases/handoff/{X}/manifest.json",
         f"releases/handoff/{X}/cost.json",
+        f"releases/handoff/{X}/model.sig",
+        f"releases/handoff/{X}/model_signing.pub",
     }
     assert [r["jti"] for r in read_jsonl(repo / "releases" / "approvals_used.jsonl")] == [
         pointer["approval_id"]
     ]
     assert git(repo, "status", "--porcelain") == ""
+
+
+def model_signing_verify(repo, batch, *extra):
+    """docs/release.md's command for the standard verifier, run from the repository root."""
+    script = Path(sys.executable).parent / "model_signing"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "model_signing"]
+    return subprocess.run(
+        [*cmd, "verify", "key", f"models/adapters/{batch}"]
+        + ["--signature", f"releases/handoff/{batch}/model.sig"]
+        + ["--public_key", f"releases/handoff/{batch}/model_signing.pub", *extra],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_release_signs_the_adapter_folder_for_the_standard_verifier(repo):
+    event = R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    record = event["model_signature"]
+    assert record["signature"] == f"releases/handoff/{X}/model.sig"
+    assert record["public_key"] == f"releases/handoff/{X}/model_signing.pub"
+    assert read_jsonl(repo / "releases" / "history.jsonl")[-1]["model_signature"] == record
+    sig, pub = repo / record["signature"], repo / record["public_key"]
+    assert (
+        io.sha256_file(sig) == record["signature_sha256"]
+        and io.sha256_file(pub) == record["public_key_sha256"]
+    )
+    assert pub.read_bytes() == signing_key(repo).with_suffix(".pub").read_bytes()
+    assert git(repo, "show", f"HEAD:{record['signature']}").encode() == sig.read_bytes()  # committed
+    assert "PRIVATE" not in git(repo, "show", f"HEAD:{record['public_key']}")
+    proc = model_signing_verify(repo, X)
+    assert proc.returncode == 0 and "Verification succeeded" in proc.stdout, proc.stderr
+    weights = repo / "models" / "adapters" / X / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[0] ^= 0x01
+    weights.write_bytes(bytes(data))  # the fixture's DVC cache is a copy: the cache keeps the released bytes
+    proc = model_signing_verify(repo, X)
+    assert proc.returncode == 1 and "adapter_model.safetensors" in proc.stderr
+
+
+def test_release_refuses_a_signing_key_that_is_not_p256_and_keeps_the_approval(repo):
+    token = approve(repo, X)
+    approver_key = repo.parent / "keys" / "alice.key"
+    assert "EC P-256" in refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=approver_key),
+        "bad_key",
+    )
+    refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=repo.parent / "keys" / "none.key"),
+        "missing_key",
+    )
+    assert R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))["event"] == "release"
+
+
+def test_release_refuses_a_signature_that_does_not_sign_the_approved_bytes(repo, monkeypatch):
+    """The adapter is signed after its hashes were checked: bytes changed in between are refused."""
+    from clap.release import signing
+
+    token = approve(repo, X)
+    real = signing.sign_adapter
+
+    def sign_after_a_swap(folder, key):
+        signed = real(folder, key)
+        return dataclasses.replace(signed, digests={**signed.digests, "adapter_config.json": "0" * 64})
+
+    monkeypatch.setattr(R, "sign_adapter", sign_after_a_swap)
+    assert "adapter_config.json: approved" in refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "bad_model_signature",
+    )
+
+
+def test_signing_keygen_writes_p256_keys_in_an_ignored_folder(repo):
+    keys = repo / "keys"  # the template ignores keys/
+    priv, pub = R.signing_keygen(repo, "model-signing", keys)
+    assert (priv, pub) == (keys / "model-signing.key", keys / "model-signing.pub")
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600 and git(repo, "status", "--porcelain") == ""
+    assert isinstance(serialization.load_pem_public_key(pub.read_bytes()), ec.EllipticCurvePublicKey)
+    with pytest.raises(ClapError) as err:
+        R.signing_keygen(repo, "model-signing", keys)
+    assert err.value.rule == "key_exists"
+    (repo / ".gitignore").write_text("")  # a repository that forgot to ignore private keys
+    with pytest.raises(ClapError) as err:
+        R.signing_keygen(repo, "model-signing", repo / "secrets")
+    assert err.value.rule == "key_not_ignored" and not (repo / "secrets").exists()
 
 
 def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
@@ -102,7 +197,11 @@ def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
     assert (
         len(read_jsonl(repo / "releases" / "approvals_used.jsonl")) == 2
     )  # the ledger keeps the rolled-back approval
-    refused(repo, lambda: R.release(repo, Y, t2, R.load_params(repo)), "replayed_token")
+    refused(
+        repo,
+        lambda: R.release(repo, Y, t2, R.load_params(repo), signing_key=signing_key(repo)),
+        "replayed_token",
+    )
     refused(repo, lambda: R.rollback(repo), "no_previous_release")
 
 
@@ -131,7 +230,7 @@ def test_rollback_refused_when_the_adapter_is_in_neither_cache_nor_remote(repo):
 
 def test_rollback_refused_without_a_previous_release(repo):
     refused(repo, lambda: R.rollback(repo), "nothing_released")
-    R.release(repo, X, approve(repo, X), R.load_params(repo))
+    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
     message = refused(repo, lambda: R.rollback(repo), "no_previous_release")
     assert "release.rollback_to_base is false" in message
 
@@ -196,7 +295,7 @@ def test_rollback_acts_on_the_gate_decision_of_a_batch(repo):
 def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
     import sys
 
-    R.release(repo, X, approve(repo, X), R.load_params(repo))
+    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
     write_gate_rollback(repo, "2026-03", adapter_sha(repo, X))
     message = refused(repo, lambda: R.rollback(repo, "2026-03"), "no_previous_release")
     assert "set it to true to fall back to the base model" in message
@@ -233,14 +332,18 @@ def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
     refused(repo, lambda: R.rollback(repo), "nothing_released")
     # production can be released again from base: the next release replaces nothing
     repro(repo)
-    again = R.release(repo, Y, approve(repo, Y), R.load_params(repo))
+    again = R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
     assert again["previous_batch"] is None and check_registry(repo, emit=lambda line: None) == 3
 
 
 def test_evaluation_against_an_older_incumbent_is_refused(repo):
     token_y = approve(repo, Y)  # approved while nothing was in production
-    R.release(repo, X, approve(repo, X), R.load_params(repo))
-    message = refused(repo, lambda: R.release(repo, Y, token_y, R.load_params(repo)), "stale_evaluation")
+    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    message = refused(
+        repo,
+        lambda: R.release(repo, Y, token_y, R.load_params(repo), signing_key=signing_key(repo)),
+        "stale_evaluation",
+    )
     assert "dvc repro" in message
 
 
@@ -248,7 +351,11 @@ def test_uncommitted_evidence_is_refused(repo):
     token = approve(repo, X)
     with open(repo / "dvc.lock", "a") as f:
         f.write("\n")
-    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "uncommitted")
+    refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "uncommitted",
+    )
 
 
 def test_adapter_replaced_after_the_gate_cannot_be_approved(repo):
@@ -266,7 +373,9 @@ def test_invalid_handoff_is_refused(repo):
         repo / "metrics" / "base.json", None, {"weights_sha256": "ab" * 32}
     )  # same weights, no source: the card has no base_model
     assert "base_model" in refused(
-        repo, lambda: R.release(repo, X, token, R.load_params(repo)), "invalid_handoff"
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "invalid_handoff",
     )
 
 
@@ -279,18 +388,25 @@ def test_changed_base_model_is_refused(repo):
         {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "cd" * 32},
     )
     assert "base_sha256" in refused(
-        repo, lambda: R.release(repo, X, token, R.load_params(repo)), "binding_mismatch"
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "binding_mismatch",
     )
 
 
 def test_over_budget_is_refused_or_held_by_policy(repo):
     token = approve(repo, X)
     set_release_params(repo, budget_cpu_hours=0.1)
-    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "over_budget")
+    refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "over_budget",
+    )
     set_release_params(repo, over_budget="hold")
     head = git(repo, "rev-parse", "HEAD")
-    event = R.release(repo, X, token, R.load_params(repo))
+    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     assert event["event"] == "hold" and R.read_pointer(repo)["batch"] is None
+    assert "model_signature" not in event and not (repo / "releases" / "handoff" / X / "model.sig").exists()
     assert (
         git(repo, "rev-parse", "HEAD^") == head
         and read_jsonl(repo / "releases" / "approvals_used.jsonl") == []
@@ -298,7 +414,7 @@ def test_over_budget_is_refused_or_held_by_policy(repo):
     assert io.read_json(repo / "releases" / "handoff" / X / "cost.json")["status"] == "over"
     set_release_params(repo, budget_cpu_hours=2.0, over_budget="refuse")
     assert (
-        R.release(repo, X, token, R.load_params(repo))["event"] == "release"
+        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))["event"] == "release"
     )  # a hold does not consume the approval
 
 
@@ -307,7 +423,11 @@ def test_a_failed_commit_changes_nothing(repo):
     hook = repo / ".git" / "hooks" / "pre-commit"
     hook.write_text("#!/bin/sh\nexit 1\n")
     hook.chmod(0o755)
-    refused(repo, lambda: R.release(repo, X, token, R.load_params(repo)), "git_failed")
+    refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "git_failed",
+    )
 
 
 def test_keygen_keeps_the_private_key_private(repo):
@@ -357,18 +477,24 @@ def test_release_stack_pushes_releases_and_pops_rollbacks():
     assert [p["batch"] for p in R.release_stack(events)] == ["a", "d"]
 
 
-def test_cli_prints_the_token_and_refuses_with_exit_2(repo):
-    import sys
-
-    def clap(*args):
+def test_cli_prints_the_token_refuses_with_exit_2_and_releases_signed(repo):
+    def clap(*args, input=None):
         return subprocess.run(
-            [sys.executable, "-m", "clap.cli", *args], cwd=repo, capture_output=True, text=True
+            [sys.executable, "-m", "clap.cli", *args], cwd=repo, capture_output=True, text=True, input=input
         )
 
     approved = clap("approve", X, "--key", str(repo.parent / "keys" / "alice.key"))
     assert approved.returncode == 0 and approved.stdout.count(".") == 2, approved.stderr
-    refusal = clap("release", Y, "--token", approved.stdout.strip())
+    refusal = clap("release", Y, "--token", approved.stdout.strip(), "--signing-key", str(signing_key(repo)))
     assert (
         refusal.returncode == 2 and refusal.stderr.startswith("error: ") and "wrong_batch" in refusal.stderr
     )
     assert "Traceback" not in refusal.stderr
+    released = clap(
+        "release", X, "--token", "-", "--signing-key", str(signing_key(repo)), input=approved.stdout
+    )
+    assert released.returncode == 0, released.stderr
+    assert f"signed models/adapters/{X}: releases/handoff/{X}/model.sig" in released.stdout
+    assert model_signing_verify(repo, X).returncode == 0
+    keygen = clap("signing-keygen")
+    assert keygen.returncode == 0 and "keys/model-signing.key" in keygen.stdout, keygen.stderr

@@ -21,6 +21,7 @@ from .release_fixtures import (
     copy_template,
     git,
     repro,
+    signing_key,
     snapshot,
     template_base,
 )
@@ -65,7 +66,7 @@ def tags_at(repo: Path, commit: str) -> set[str]:
 def release(repo, monkeypatch, batch, seconds):
     token = approve(repo, batch)
     at(monkeypatch, seconds)
-    return R.release(repo, batch, token, R.load_params(repo))
+    return R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
 
 
 @pytest.mark.skipif(
@@ -100,7 +101,7 @@ def test_an_existing_tag_name_refuses_the_release_and_is_never_moved(repo):
     git(repo, "tag", f"{A}@v1.0.0", "HEAD")  # someone else's tag with the name of the next version
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, X, token, R.load_params(repo))
+        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == "tag_exists" and snapshot(repo) == before
 
 
@@ -111,7 +112,7 @@ def test_a_tag_that_fails_after_the_commit_undoes_the_release(repo, monkeypatch)
     monkeypatch.setattr(R, "_gto_counter", lambda root: 1)  # and collide after v1.0.0 is tagged
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, X, token, R.load_params(repo))
+        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     assert (
         err.value.rule == "git_failed" and snapshot(repo) == before
     )  # no commit, no v1.0.0 tag, files restored

@@ -29,6 +29,7 @@ from .release_fixtures import (
     hand_edited_pointer,
     release_both,
     repro,
+    signing_key,
     template_base,
 )
 from .release_fixtures import approve as approve_batch
@@ -99,10 +100,14 @@ def test_release_and_rollback_pass_every_reader(repo, capsys):
     R.rollback(repo)
     assert_accepted_by_all(repo, X)  # by the first release's own approval
     assert cli.main(["registry-check", "--root", str(repo)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()
+    signed = [line for line in out if ": model signature " in line]
+    lines = [line for line in out if line not in signed]
     commits = git(repo, "log", "--reverse", "--format=%H", "--", "releases/history.jsonl").split()
     assert [line.split(":")[0] for line in lines[:-1]] == [f"{c[:12]} {n}" for n, c in enumerate(commits, 1)]
     assert f"release {X}" in lines[0] and f"release {Y}" in lines[1] and f"rollback {Y} -> {X}" in lines[2]
+    assert [line.split(":")[0] for line in signed] == [f"{c[:12]} {n}" for n, c in enumerate(commits[:2], 1)]
+    assert f"releases/handoff/{X}/model.sig of {X}: verifies" in signed[0] and f"/{Y}/" in signed[1]
     assert lines[-1].startswith(f"production: batch {X}")
     verified = verify_pointer(repo, base_sha256=base_sha256(repo / "models" / "base"))
     assert verified is not None and verified.batch == X and verified.approver == "alice"
@@ -147,10 +152,10 @@ def test_earlier_release_restored_by_hand_is_refused(repo):
 
 def test_reordered_history_is_refused(repo):
     """Swapping the two releases (previous_batch edited to match) would bring X back without a rollback."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo))
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
     repro(repo)
     time.sleep(1.1)  # token iat has one-second resolution: the second approval is strictly later
-    R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo))
+    R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
     history = repo / "releases" / "history.jsonl"
     first, second = (json.loads(line) for line in history.read_text().splitlines())
     first["previous_batch"], second["previous_batch"] = Y, None
@@ -199,7 +204,7 @@ def test_another_base_model_is_refused(repo):
 
 def test_approval_binds_the_base_model(repo):
     token = approve_batch(repo, X)
-    event = R.release(repo, X, token, R.load_params(repo))
+    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
     assert event["pointer"]["base_sha256"] == base_sha256(repo / "models" / "base")
     assert event["token"] == token
 
@@ -272,7 +277,7 @@ def test_hand_edited_pointer_committed_then_restored_is_refused(repo, capsys):
 
 def test_reverted_release_commit_is_refused(repo):
     """`git revert` of a release drops its history and ledger rows: the ledger is what makes a token single-use."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo))
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
     git(repo, "revert", "--no-edit", "HEAD")
     with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*append-only") as err:
         check_registry(repo, emit=lambda line: None)
@@ -291,7 +296,7 @@ def test_reused_token_is_refused(repo):
     io.write_json(repo / "releases" / "production.json", first["pointer"])
     assert_refused_by_all(repo, "claimed by")
     with pytest.raises(ClapError, match="already used"):
-        R.release(repo, X, first["token"], R.load_params(repo))
+        R.release(repo, X, first["token"], R.load_params(repo), signing_key=signing_key(repo))
 
 
 def test_token_bound_to_another_base_is_refused(repo):
@@ -323,7 +328,7 @@ def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, cap
         repo, "revoked in releases/revoked_keys.jsonl after event 2 \\(laptop stolen\\)", capsys
     )
     with pytest.raises(ClapError, match="was revoked") as err:
-        R.release(repo, X, pending, R.load_params(repo))
+        R.release(repo, X, pending, R.load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == "key_revoked"
     with pytest.raises(ClapError, match="was revoked"):
         approve_batch(repo, X)
@@ -408,3 +413,65 @@ def test_hand_edit_on_a_merged_side_branch_is_refused(repo):
     git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
     with pytest.raises(ClapError, match=f"commit {forged[:12]} .*no approval for this pointer"):
         check_registry(repo, emit=lambda line: None)
+
+
+# ---------------------------------------------------------------- the model signature (OpenSSF model-signing)
+
+
+def _resign(repo, batch, folder, key_name="other") -> dict:
+    """Sign ``folder`` with a fresh P-256 key into releases/handoff/<batch>/ (as a forger would); the new record."""
+    from clap.release import signing as S
+
+    keys = repo.parent / "keys"
+    priv = keys / f"{key_name}.key"
+    if not priv.exists():
+        S.generate_signing_keypair(key_name, keys)
+    sig = S.sign_adapter(folder, priv)
+    out = repo / "releases" / "handoff" / batch
+    (out / S.SIGNATURE).write_bytes(sig.signature)
+    (out / S.PUBLIC_KEY).write_bytes(sig.public_key)
+    return sig.record((out / S.SIGNATURE).relative_to(repo), (out / S.PUBLIC_KEY).relative_to(repo))
+
+
+def test_signature_swapped_in_a_later_commit_is_refused(repo, capsys):
+    """Another key's signature of the same bytes passes the standard verifier with the swapped public key:
+    only the registry, which recorded the release's own signature, can tell."""
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    assert check_registry(repo, emit=lambda line: None) == 1
+    _resign(repo, X, repo / "models" / "adapters" / X)
+    with pytest.raises(
+        ClapError, match=f"working tree .*model.sig is not the model signature .*batch {X}"
+    ) as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "bad_model_signature"
+    commit_all(repo, "refresh the handoff")
+    swapped = _head(repo)
+    with pytest.raises(
+        ClapError, match=f"commit {swapped[:12]} \\(refresh the handoff\\): .*model.sig"
+    ) as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "bad_model_signature"
+    assert cli.main(["registry-check", "--root", str(repo)]) == 2
+    assert "bad_model_signature" in capsys.readouterr().err
+
+
+def test_release_whose_signature_signs_other_bytes_is_refused(repo):
+    """A release commit rewritten so that its recorded signature (hashes consistent) signs another adapter."""
+    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    record = _resign(repo, X, repo / "models" / "adapters" / Y, key_name="signer-2")
+    history = R.read_history(repo)
+    history[-1]["model_signature"] = record
+    io.write_jsonl(repo / "releases" / "history.jsonl", history)
+    git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    with pytest.raises(ClapError, match="does not sign the approved bytes: adapter_model.safetensors") as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "bad_model_signature" and _head(repo)[:12] in str(err.value)
+
+
+def test_release_without_a_model_signature_still_verifies(repo):
+    """Releases recorded before clap signed adapters carry no model_signature: history stays valid."""
+    _forge_release(repo, X)
+    commit_all(repo, "release 2026-01 (before model signing)")
+    lines: list[str] = []
+    assert check_registry(repo, emit=lines.append) == 1
+    assert not any("model signature" in line for line in lines)
