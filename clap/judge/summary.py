@@ -71,6 +71,8 @@ def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str
         "offline_decision": _get(gate, "offline_decision", gate_path),
         "decision": _get(gate, "decision", gate_path),
         "rule": _get(gate, "rule", gate_path),
+        "production_decision": _get(gate, "production_decision", gate_path),
+        "production_rule": _get(gate, "production_rule", gate_path),
         "has_candidate": bool(_get(ev, "has_candidate", eval_path)),
     }
     for m in p.metrics:
@@ -114,6 +116,7 @@ def summarize(rows: Sequence[dict[str, Any]], p: SummaryParams) -> dict[str, Any
     }
     out.update({f"decisions_{d}": sum(r["decision"] == d for r in rows) for d in DECISIONS})
     out["n_detector_alarms"] = sum(r["alarm_step"] > 0 for r in rows)
+    out["n_rollbacks"] = sum(r["production_decision"] == "rollback" for r in rows)
     for m in p.metrics if trained else ():
         for kind in ("base", "candidate", "delta"):
             out[f"mean_{kind}_{m}"] = round(sum(r[f"{kind}_{m}"] for r in trained) / len(trained), 6)
@@ -168,7 +171,15 @@ def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: Sum
         + ", ".join(f"{d} {flat[f'decisions_{d}']}" for d in reversed(DECISIONS))
         + ".",
     ]
-    lines += [f"- {r['batch']}: {r['decision']} by rule `{r['rule']}`" for r in rows]
+    lines += [
+        f"- {r['batch']}: {r['decision']} by rule `{r['rule']}`"
+        + (
+            f"; production: **{r['production_decision']}** by rule `{r['production_rule']}` (the incumbent fails on these items)"
+            if r["production_decision"] != r["decision"]
+            else ""
+        )
+        for r in rows
+    ]
     if flat["regressed_batches"]:
         note = " even though the mean improved" if flat["mean_improved_but_batch_regressed"] else ""
         lines.append(

@@ -32,6 +32,7 @@ def write_batch(
     offline: str | None = None,
     alarm: int = -1,
     chain_value: float | None = None,
+    production: str | None = None,
 ) -> None:
     ev = {"has_candidate": int(cand is not None), **{f"base_{k}": v for k, v in base.items()}}
     ev.update({f"candidate_{k}": v for k, v in (cand or {}).items()})
@@ -42,6 +43,10 @@ def write_batch(
             "decision": decision,
             "rule": "chain_core_fields" if offline else "quality",
             "offline_decision": offline or decision,
+            "production_decision": production or decision,
+            "production_rule": "incumbent_quality"
+            if production
+            else ("chain_core_fields" if offline else "quality"),
             **(
                 {"baseline": "base", "delta": cand["pass_rate"] - base["pass_rate"]} if cand else {}
             ),  # the gate's paired delta against its baseline
@@ -80,6 +85,7 @@ def metrics_dir(tmp_path):
         "reject",
         alarm=27,
         chain_value=-0.05,
+        production="rollback",
     )
     write_batch(
         tmp_path,
@@ -109,7 +115,7 @@ def test_regressed_batches_are_flagged_even_when_the_mean_improves(metrics_dir):
         flat["decisions_hold"],
         flat["decisions_reject"],
     ) == (1, 1, 0, 2)
-    assert flat["n_detector_alarms"] == 1
+    assert flat["n_detector_alarms"] == 1 and flat["n_rollbacks"] == 1
     md = render_markdown(rows, flat, P)
     assert (
         "| 2026-03 | alarm (alarm at step 27, 84% of steps) | reject | **reject** | 0.8 → 0.79 (-0.01)" in md
@@ -120,6 +126,8 @@ def test_regressed_batches_are_flagged_even_when_the_mean_improves(metrics_dir):
         and "2026-04: canary by rule `chain_core_fields`" in md
     )
     assert "no candidate" in md and "mean (3 trained)" in md
+    assert "- 2026-03: reject by rule `quality`; production: **rollback** by rule `incumbent_quality`" in md
+    assert "- 2026-01: promote by rule `quality`\n" in md  # production follows the decision: not repeated
     plot = plot_frame(rows)
     assert list(zip(plot["batch"], plot["kind"], plot["delta"], plot["decision"])) == [
         ("2026-01", "offline_pass_rate", pytest.approx(0.2), "promote"),
