@@ -131,6 +131,7 @@ def test_render_report_embeds_the_picture_after_the_checks():
         "batch": "b",
         "decision": "reject",
         "rule": "training_health",
+        "production_decision": "reject",
         "numbers": {"baseline": "base", "baseline_reason": "no adapter in production"},
         "reasons": [{"name": "training_health", "cap": "reject", "detail": "alarm"}],
         "regressed": {"count": 0, "by_slice": {}, "item_ids": []},
