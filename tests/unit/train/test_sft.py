@@ -185,11 +185,21 @@ def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
 
 
-def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
+def test_stopped_run_killed_before_it_finished_resumes_stopped(tiny_base, batch, tmp_path):
     # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
     first = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
+        batch, tiny_base, tmp_path / "ref", _tp(tmp_path / "ref", inject_nan_at_step=2), _dp(), answer=ANSWER
     ).record
+    with pytest.raises(KeyboardInterrupt):  # killed after the stop step's checkpoint, before the adapter
+        tr.train_batch(
+            batch,
+            tiny_base,
+            tmp_path / "a",
+            _tp(tmp_path, inject_nan_at_step=2),
+            _dp(),
+            answer=ANSWER,
+            extra_callbacks=[_Kill(2)],
+        )
     again = tr.train_batch(
         batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER
     ).record
@@ -197,6 +207,53 @@ def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
     for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
         assert again[key] == first[key], key
     assert (again["steps"], again["planned_steps"]) == (2, 4)
+
+
+class _Steps(TrainerCallback):
+    """Counts the optimizer steps this process trains."""
+
+    def __init__(self):
+        self.n = 0
+
+    def on_step_end(self, args, state, control, **kw):
+        self.n += 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"inject_nan_at_step": 3}],
+    ids=["finished", "stopped-between-checkpoints"],  # checkpoint-4 at its end | checkpoint-2, stop at 3
+)
+def test_rerun_of_a_finished_run_trains_from_scratch(tiny_base, batch, tmp_path, kw):
+    runs = []
+    for _ in range(2):  # a forced re-run: the same params, data and checkpoint folder
+        steps = _Steps()
+        res = tr.train_batch(
+            batch,
+            tiny_base,
+            tmp_path / "a",
+            _tp(tmp_path, **kw),
+            _dp(),
+            answer=ANSWER,
+            extra_callbacks=[steps],
+        )
+        runs.append((res, steps.n))
+    (first, trained_first), (again, trained_again) = runs
+    assert again.record["resumed_from"] == "" and trained_again == trained_first == first.record["steps"]
+    assert first.record["steps"] == (3 if kw else 4)
+    assert again.record["adapter_sha256"] == first.record["adapter_sha256"]
+    assert [str(r["loss"]) for r in again.curves] == [str(r["loss"]) for r in first.curves]
+    assert again.record["health"] == first.record["health"]
+
+
+def test_a_finished_run_leaves_nothing_to_resume(tmp_path):
+    ckpt = tmp_path / "ck"
+    (ckpt / "checkpoint-4").mkdir(parents=True)
+    io.write_json(ckpt / "checkpoint-4" / "clap_diagnosis.json", {})
+    io.write_json(ckpt / tr.FINGERPRINT_FILE, {"fingerprint": "fp"})
+    assert tr.last_complete_checkpoint(ckpt, "fp", is_main=True).endswith("checkpoint-4")  # killed: resume
+    tr.mark_finished(ckpt, "fp")
+    assert tr.last_complete_checkpoint(ckpt, "fp", is_main=True) is None and not ckpt.exists()
 
 
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
