@@ -48,6 +48,20 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def reference_nll(model, item) -> tuple[float, int]:
+    """The straightforward score of one encoded item (``clap.model.base.Encoded``): a forward of the
+    item alone, the logits of every position, the prompt masked; (summed completion NLL, tokens).
+    The reference that batched scoring is checked against."""
+    import torch
+
+    ids = torch.tensor(item.input_ids)[None]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    targets = ids[0, item.n_prompt :]
+    nll = -logp[item.n_prompt - 1 : -1].gather(1, targets[:, None])
+    return float(nll.sum()), int(targets.numel())
+
+
 # --- tiny admitted batches ---------------------------------------------------------------
 TINY_METRICS = {"oee": "%", "scrap_count": "pcs"}
 TINY_LINES = ("L1", "L2", "L3", "L4")

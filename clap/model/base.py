@@ -287,33 +287,38 @@ def encode_example(tok, example: dict) -> Encoded:
     return Encoded(tuple(int(i) for i in full), n)
 
 
-def pack_rows(items: list[Encoded], max_tokens: int) -> list[list[int]]:
-    """Greedy, order-preserving groups of item indices whose total length fits ``max_tokens``."""
-    rows: list[list[int]] = []
-    used = max_tokens
-    for i, item in enumerate(items):
-        n = len(item.input_ids)
-        if rows and used + n <= max_tokens:
-            rows[-1].append(i)
-            used += n
+def length_batches(items: list[Encoded], max_tokens: int) -> list[list[int]]:
+    """Batches of item indices, shortest items first, each padded batch within ``max_tokens``.
+
+    Items are sorted by length (stably) and grouped greedily while ``rows x longest row`` (the
+    padded batch's tokens) stays within ``max_tokens``; an item longer than that is a batch of
+    its own. Every index appears exactly once.
+    """
+    order = sorted(range(len(items)), key=lambda i: len(items[i].input_ids))
+    batches: list[list[int]] = []
+    for i in order:
+        width = len(items[i].input_ids)  # the longest so far: items come shortest first
+        if batches and (len(batches[-1]) + 1) * width <= max_tokens:
+            batches[-1].append(i)
         else:
-            rows.append([i])
-            used = n
-    return rows
+            batches.append([i])
+    return batches
 
 
 def completion_nll(model, items: list[Encoded], *, max_tokens: int) -> list[tuple[float, int]]:
     """Summed negative log-likelihood and token count of each item's completion under ``model``.
 
-    Items are packed padding-free into rows of at most ``max_tokens`` tokens: position ids
-    restart at each item, from which transformers derives a block-diagonal causal mask
-    (sdpa/eager, no attention mask), so an item's score does not depend on its row mates.
-    The LM head is applied only to completion positions (no full-vocabulary logits).
+    One forward per padded batch (:func:`length_batches`: similar lengths together, at most
+    ``max_tokens`` padded tokens): rows are right-padded and the attention mask hides the
+    padding, so an item's score does not depend on its batch mates (causal attention: the pad
+    positions come after every real token of the row). The LM head is applied only to
+    completion positions (no full-vocabulary logits); the prompt is masked from the score.
 
     Args:
-        model: a causal LM or a PeftModel around one (LoRA layers are applied).
+        model: a causal LM or a PeftModel around one (LoRA layers are applied unless the
+            caller disabled them).
         items: encoded examples.
-        max_tokens: tokens per forward row (a longer item gets a row of its own).
+        max_tokens: padded tokens per forward (a longer item gets a forward of its own).
 
     Returns:
         One (nll_sum, n_tokens) per item, in order.
@@ -325,18 +330,32 @@ def completion_nll(model, items: list[Encoded], *, max_tokens: int) -> list[tupl
     device = head.weight.device
     out: list[tuple[float, int]] = [(0.0, 0)] * len(items)
     with torch.no_grad():
-        for row in pack_rows(items, max_tokens):
-            ids = torch.tensor([t for i in row for t in items[i].input_ids], device=device)[None]
-            pos = torch.cat([torch.arange(len(items[i].input_ids), device=device) for i in row])[None]
-            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
-            start = 0
-            for i in row:
-                item = items[i]
-                end = start + len(item.input_ids)
-                # positions n_prompt-1 .. end-2 predict the completion tokens
-                h = hidden[start + item.n_prompt - 1 : end - 1]
-                logp = torch.log_softmax(head(h).float(), dim=-1)
-                target = ids[0, start + item.n_prompt : end]
-                out[i] = (float(-logp.gather(1, target[:, None]).sum()), int(target.numel()))
-                start = end
+        for batch in length_batches(items, max_tokens):
+            lengths = [len(items[i].input_ids) for i in batch]
+            width = max(lengths)
+            ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+            mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+            for row, (i, n) in enumerate(zip(batch, lengths)):
+                ids[row, :n] = torch.tensor(items[i].input_ids, device=device)
+                mask[row, :n] = 1
+            # no padding in the batch: no mask, so attention keeps its causal fast path
+            padded = min(lengths) < width
+            hidden = decoder(
+                input_ids=ids, attention_mask=mask if padded else None, use_cache=False
+            ).last_hidden_state
+            # positions n_prompt-1 .. n-2 of each row predict its completion tokens
+            rows = torch.cat(
+                [
+                    torch.full((n - items[i].n_prompt,), r, device=device)
+                    for r, (i, n) in enumerate(zip(batch, lengths))
+                ]
+            )
+            cols = torch.cat(
+                [torch.arange(items[i].n_prompt - 1, n - 1, device=device) for i, n in zip(batch, lengths)]
+            )
+            logp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
+            token_nll = -logp.gather(1, ids[rows, cols + 1][:, None])[:, 0]
+            counts = [n - items[i].n_prompt for i, n in zip(batch, lengths)]
+            for i, nll in zip(batch, torch.split(token_nll, counts)):
+                out[i] = (float(nll.sum()), int(nll.numel()))
     return out

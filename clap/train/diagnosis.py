@@ -69,7 +69,8 @@ class DiagState:
     """Everything the callback must carry across a checkpoint resume."""
 
     train_base: float | None = None  # frozen pilot baseline L_train_base
-    probe_base: list[tuple[float, int]] = field(default_factory=list)  # per probe item, base model
+    # per probe item (pool order), base model; None: an item the run never draws (not scored)
+    probe_base: list[tuple[float, int] | None] = field(default_factory=list)
     draws: int = 0  # probe draws consumed
     drawn: list[list[Any]] = field(
         default_factory=list
@@ -90,7 +91,7 @@ class Diagnosis(TrainerCallback):
         params: the ``detector`` params.
         probe: the clean probe items (encoded), in pool order.
         pilot: training items scored under the base model for the frozen training baseline.
-        max_tokens: tokens per scoring forward row.
+        max_tokens: padded tokens per scoring forward (a check's draw is one forward when it fits).
         inject_nan_at_step: fault injection: poison a LoRA weight before this step (-1: off).
     """
 
@@ -119,7 +120,7 @@ class Diagnosis(TrainerCallback):
         """Restore from the state file written into a checkpoint folder by :meth:`on_save`."""
         raw = io.read_json(Path(checkpoint) / STATE_FILE)
         raw["rows"] = [{k: from_text(v) for k, v in r.items()} for r in raw["rows"]]
-        raw["probe_base"] = [tuple(x) for x in raw["probe_base"]]
+        raw["probe_base"] = [None if x is None else tuple(x) for x in raw["probe_base"]]
         raw["drawn"] = [
             [take, [[from_text(v) for v in x] for x in scores]] for take, scores in raw.get("drawn", [])
         ]
@@ -143,9 +144,8 @@ class Diagnosis(TrainerCallback):
         # tokens already trained before a resume: throughput counts only this process's tokens
         self.resumed_tokens = logged_tokens(state.log_history)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
-        if self.p.enabled and self.s.train_base is None:  # fresh run: LoRA B = 0, so the model is the base
-            self.s.train_base = shared(token_mean(self._score(model, self.pilot)))
-            self.s.probe_base = shared(self._score(model, self.probe))
+        if self.p.enabled and self.s.train_base is None:  # fresh run (a resumed one restored them)
+            self._score_base(model)
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         if self.inject_nan_at_step > 0 and state.global_step + 1 == self.inject_nan_at_step:
@@ -169,6 +169,30 @@ class Diagnosis(TrainerCallback):
         return control
 
     # --- detector -------------------------------------------------------------------------
+    def drawable(self) -> list[int]:
+        """Pool indices of every probe item the run can draw, in draw order.
+
+        One draw per check, a check every ``every_steps`` of the planned steps, until the pool
+        runs out (:meth:`_due`); items past that are never drawn.
+        """
+        checks = min(self.s.planned_steps // self.p.every_steps, len(self.probe) // self.p.probe_draw)
+        return self.order[: checks * self.p.probe_draw]
+
+    def _score_base(self, model) -> None:
+        """The base side of every check, once, before training: L_train_base and L_probe_base.
+
+        The base model's losses never change during a run, so the pilot items and every probe
+        item the run can draw are scored together, in one batched pass with the LoRA layers
+        switched off; each check then only looks its items' base losses up.
+        """
+        take = self.drawable()
+        scores = self._score_as_base(model, self.pilot + [self.probe[i] for i in take])
+        probe_base: list[tuple[float, int] | None] = [None] * len(self.probe)
+        for i, score in zip(take, scores[len(self.pilot) :]):
+            probe_base[i] = score
+        self.s.train_base = shared(token_mean(scores[: len(self.pilot)]))
+        self.s.probe_base = shared(probe_base)
+
     def _due(self, step: int) -> bool:
         left = (len(self.probe) - self.s.draws * self.p.probe_draw) >= self.p.probe_draw
         return self.p.enabled and self.s.health == "ok" and step % self.p.every_steps == 0 and left
@@ -179,7 +203,13 @@ class Diagnosis(TrainerCallback):
         self.s.draws += 1
         scores = self._score(model, [self.probe[i] for i in take])
         self.s.drawn.append([list(take), [list(x) for x in scores]])
-        return shared(token_mean(scores)), token_mean([self.s.probe_base[i] for i in take])
+        return shared(token_mean(scores)), token_mean([self._base_of(i) for i in take])
+
+    def _base_of(self, item: int) -> tuple[float, int]:
+        score = self.s.probe_base[item]
+        if score is None:  # _score_base scores every drawable item: a miss is a bug, not a zero
+            raise RuntimeError(f"probe item {item} was drawn but its base loss was never scored")
+        return score
 
     def _check(self, train_now: float, row: dict[str, Any], step: int, control) -> None:
         probe_now, probe_base = self._pending
@@ -222,17 +252,17 @@ class Diagnosis(TrainerCallback):
 
         With detector draws: the draws of the last quarter of checks, each scored at its own
         check (already paid for; rescoring the pool at the end cost ~30% of the detector's
-        time). Without (detector off): the whole pool, base vs now.
+        time). Without (detector off, or no check ran): the whole pool, base vs now.
         """
         if not self.probe:
             return float("nan"), float("nan")
         tail = self.s.drawn[-max(1, len(self.s.drawn) // 4) :]
         if tail:
             items = [i for take, _ in tail for i in take]
-            return token_mean([self.s.probe_base[i] for i in items]), token_mean(
+            return token_mean([self._base_of(i) for i in items]), token_mean(
                 [tuple(x) for _, sc in tail for x in sc]
             )
-        base = self.s.probe_base or self._score_as_base(model, self.probe)
+        base = self._score_as_base(model, self.probe)
         return token_mean(base), shared(token_mean(self._score(model, self.probe)))
 
     # --- helpers --------------------------------------------------------------------------

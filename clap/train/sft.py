@@ -3,7 +3,9 @@
 Completion-only loss comes from TRL's conversational prompt/completion format (built only
 with :func:`clap.task.prompt.build_example`). Training runs in ``<checkpoint_root>/<batch>/``,
 outside the DVC outputs (DVC deletes non-persistent outs before a run), so a killed run
-resumes from its last complete checkpoint when the params/data fingerprint still matches.
+resumes from its last complete checkpoint when the params/data fingerprint still matches. A run
+that finished (its adapter written) marks the folder finished; the next run, a forced re-run
+included, clears it and trains from scratch.
 Everything is rank-safe under ``torchrun``: side effects happen on rank 0 only.
 
 Before the first optimizer step the run's cost is estimated on this machine and held to the
@@ -160,14 +162,21 @@ def fingerprint(
 
 
 def last_complete_checkpoint(ckpt_dir: Path, fp: str, is_main: bool) -> str | None:
-    """The newest checkpoint holding the diagnosis state (written last), or None.
+    """The newest checkpoint of an unfinished run of this fingerprint holding the diagnosis state
+    (written last), or None.
 
-    A folder with another fingerprint (params, data or base changed) is wiped, on rank 0.
+    Resuming is for a killed run. A folder with another fingerprint (params, data or base
+    changed), or one its run marked finished (:func:`mark_finished`), is wiped on rank 0: a
+    forced re-run of a finished run trains from scratch instead of continuing from its
+    checkpoints (which would train nothing, or again from a checkpoint before its stop step).
     """
     marker = ckpt_dir / FINGERPRINT_FILE
-    if ckpt_dir.exists() and (not marker.exists() or io.read_json(marker).get("fingerprint") != fp):
+    state = io.read_json(marker) if marker.exists() else {}
+    if ckpt_dir.exists() and (state.get("fingerprint") != fp or state.get("finished")):
+        _barrier()  # every rank has read the marker before rank 0 removes the folder
         if is_main:
-            log.warning("checkpoints in %s do not match this run's params/data: starting fresh", ckpt_dir)
+            why = "belong to a finished run" if state.get("fingerprint") == fp else "do not match this run"
+            log.warning("checkpoints in %s %s: starting fresh", ckpt_dir, why)
             shutil.rmtree(ckpt_dir)
         return None
     done = (
@@ -538,6 +547,8 @@ def _run_trainer(
     trainer.save_model(str(final))  # every rank (FSDP gathers); writes on the main process only
     _barrier()
     adapter_sha = write_adapter(final, adapter_dir) if is_main else ""
+    if is_main:
+        mark_finished(ckpt_dir, fp)
     numbers = {
         **_run_numbers(trainer, out, diag),
         **estimate.record(),
@@ -552,6 +563,11 @@ def _run_trainer(
         "adapter_sha256": adapter_sha,
     }
     return TrainerRun(numbers, diag.s.rows)
+
+
+def mark_finished(ckpt_dir: Path, fp: str) -> None:
+    """Record that the run of ``ckpt_dir`` ended and its adapter is written: nothing to resume."""
+    io.write_json(ckpt_dir / FINGERPRINT_FILE, {"fingerprint": fp, "finished": True})
 
 
 def restore_stopped_run(trainer, diag: Diagnosis, checkpoint: Path):

@@ -32,8 +32,8 @@ def repo(tiny_repo, tiny_run, tmp_path_factory) -> Path:
     assert tiny_run.returncode == 0, tiny_run.stdout[-3000:] + tiny_run.stderr[-3000:]
     copy = tmp_path_factory.mktemp("pr-check") / "repo"
     shutil.copytree(tiny_repo, copy, symlinks=True)
-    # a fresh runner has no training checkpoints; with them a forced re-run resumes and trains one
-    # more step (6 -> 7, seen 2026-12-02), which pr-check rightly reports as a difference
+    # a fresh runner has no training checkpoints (a forced re-run of a finished run no longer resumes
+    # from them, which trained one more step, 6 -> 7, seen 2026-12-02: tests/unit/train/test_sft.py)
     shutil.rmtree(copy / "checkpoints", ignore_errors=True)
     git(copy, "add", "-A")
     git(copy, "commit", "-qm", "tiny run", "--allow-empty")

@@ -128,3 +128,10 @@ def test_torchrun_two_processes_stop_together(tiny_base, tmp_path):
     assert rec["detector_checks"] == 2  # steps 1 and 2 were checked on both ranks
     assert (tmp_path / "models/adapters/b/adapter_model.safetensors").exists()
     assert done.stdout.count("health nan") == 1  # only rank 0 reports and writes
+    # a forced re-run: every rank reads the finished marker before rank 0 clears the folder (no hang),
+    # and both train from scratch to the same stop
+    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = io.read_flat(tmp_path / "metrics/train/b.json")
+    assert rerun["resumed_from"] == "" and rerun["steps"] == rerun["stop_step"] == 3
+    assert rerun["adapter_sha256"] == rec["adapter_sha256"]

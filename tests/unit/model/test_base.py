@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import reference_nll
 
 from clap.errors import ClapError
 from clap.model import base as mdl
@@ -64,21 +65,28 @@ def test_encode_example_splits_prompt_and_completion(tiny_base):
     assert completion.rstrip().endswith("<|im_end|>")  # the model learns to stop
 
 
-def test_packed_scoring_equals_one_item_at_a_time(tiny_base):
+def test_batched_scoring_equals_one_item_at_a_time(tiny_base):
     tok = mdl.load_tokenizer(tiny_base, padding_side="right")
     model = mdl.load_model(tiny_base)
-    items = [mdl.encode_example(tok, _example(i)) for i in range(4)]
-    packed = mdl.completion_nll(model, items, max_tokens=10_000)
-    alone = [mdl.completion_nll(model, [it], max_tokens=10_000)[0] for it in items]
-    assert len(mdl.pack_rows(items, 10_000)) == 1  # really packed into one row
-    for (s_packed, n_packed), (s_alone, n_alone) in zip(packed, alone):
-        assert n_packed == n_alone > 0
-        assert s_packed == pytest.approx(s_alone, rel=1e-4)
+    items = [mdl.encode_example(tok, _example(i)) for i in (1234, 5, 67, 890123)]
+    assert len({len(it.input_ids) for it in items}) == 4  # rows of different lengths: padding is exercised
+    batched = mdl.completion_nll(model, items, max_tokens=10_000)
+    assert len(mdl.length_batches(items, 10_000)) == 1  # really one padded forward
+    alone = [reference_nll(model, it) for it in items]
+    for (s_batched, n_batched), (s_alone, n_alone) in zip(batched, alone):
+        assert n_batched == n_alone > 0
+        assert s_batched == pytest.approx(s_alone, rel=1e-5)
+    # a tight budget: a forward per item, the same scores
+    single = mdl.completion_nll(model, items, max_tokens=1)
+    assert [n for _, n in single] == [n for _, n in alone]
+    assert [s for s, _ in single] == pytest.approx([s for s, _ in alone], rel=1e-5)
 
 
-def test_pack_rows_respects_the_budget():
+def test_length_batches_sort_by_length_and_respect_the_padded_budget():
     items = [mdl.Encoded(tuple(range(n)), 1) for n in (5, 4, 3, 9, 2)]
-    assert mdl.pack_rows(items, 9) == [[0, 1], [2], [3], [4]]
+    # shortest first: 2, 3, 4 fit 3 x 4 = 12 tokens; 5 would make 4 x 5 = 20; 9 alone exceeds the budget
+    assert mdl.length_batches(items, 12) == [[4, 2, 1], [0], [3]]
+    assert sorted(i for b in mdl.length_batches(items, 1) for i in b) == [0, 1, 2, 3, 4]
 
 
 def test_export_from_a_local_folder_is_reproducible(tiny_base, tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_tiny_admitted
+from conftest import reference_nll, write_tiny_admitted
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -15,9 +15,11 @@ from clap import io
 from clap.errors import ClapError
 from clap.model import base as mdl
 from clap.task.answer import load_answer_schema
+from clap.train import detector as det
 from clap.train import sft as tr
 from clap.train.budget import BudgetParams
 from clap.train.detector import DetectorParams
+from clap.train.diagnosis import Diagnosis, probe_order
 
 ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
@@ -194,11 +196,28 @@ def test_injected_nan_stops_training(tiny_base, batch, tmp_path):
     assert rec["health"] == "nan" and rec["stop_step"] == 2 and rec["steps"] == 2
 
 
-def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
+def test_stopped_run_killed_before_it_finished_resumes_stopped(tiny_base, batch, tmp_path):
     # the stop at step 2 is also checkpoint-2's step: resuming it must not train steps 3 and 4
     first = tr.train_batch(
-        batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER, bp=BP
+        batch,
+        tiny_base,
+        tmp_path / "ref",
+        _tp(tmp_path / "ref", inject_nan_at_step=2),
+        _dp(),
+        answer=ANSWER,
+        bp=BP,
     ).record
+    with pytest.raises(KeyboardInterrupt):  # killed after the stop step's checkpoint, before the adapter
+        tr.train_batch(
+            batch,
+            tiny_base,
+            tmp_path / "a",
+            _tp(tmp_path, inject_nan_at_step=2),
+            _dp(),
+            answer=ANSWER,
+            bp=BP,
+            extra_callbacks=[_Kill(2)],
+        )
     again = tr.train_batch(
         batch, tiny_base, tmp_path / "a", _tp(tmp_path, inject_nan_at_step=2), _dp(), answer=ANSWER, bp=BP
     ).record
@@ -206,6 +225,54 @@ def test_rerun_of_a_stopped_run_stays_stopped(tiny_base, batch, tmp_path):
     for key in ("health", "stop_step", "steps", "planned_steps", "epochs", "tokens", "adapter_sha256"):
         assert again[key] == first[key], key
     assert (again["steps"], again["planned_steps"]) == (2, 4)
+
+
+class _Steps(TrainerCallback):
+    """Counts the optimizer steps this process trains."""
+
+    def __init__(self):
+        self.n = 0
+
+    def on_step_end(self, args, state, control, **kw):
+        self.n += 1
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"inject_nan_at_step": 3}],
+    ids=["finished", "stopped-between-checkpoints"],  # checkpoint-4 at its end | checkpoint-2, stop at 3
+)
+def test_rerun_of_a_finished_run_trains_from_scratch(tiny_base, batch, tmp_path, kw):
+    runs = []
+    for _ in range(2):  # a forced re-run: the same params, data and checkpoint folder
+        steps = _Steps()
+        res = tr.train_batch(
+            batch,
+            tiny_base,
+            tmp_path / "a",
+            _tp(tmp_path, **kw),
+            _dp(),
+            answer=ANSWER,
+            bp=BP,
+            extra_callbacks=[steps],
+        )
+        runs.append((res, steps.n))
+    (first, trained_first), (again, trained_again) = runs
+    assert again.record["resumed_from"] == "" and trained_again == trained_first == first.record["steps"]
+    assert first.record["steps"] == (3 if kw else 4)
+    assert again.record["adapter_sha256"] == first.record["adapter_sha256"]
+    assert [str(r["loss"]) for r in again.curves] == [str(r["loss"]) for r in first.curves]
+    assert again.record["health"] == first.record["health"]
+
+
+def test_a_finished_run_leaves_nothing_to_resume(tmp_path):
+    ckpt = tmp_path / "ck"
+    (ckpt / "checkpoint-4").mkdir(parents=True)
+    io.write_json(ckpt / "checkpoint-4" / "clap_diagnosis.json", {})
+    io.write_json(ckpt / tr.FINGERPRINT_FILE, {"fingerprint": "fp"})
+    assert tr.last_complete_checkpoint(ckpt, "fp", is_main=True).endswith("checkpoint-4")  # killed: resume
+    tr.mark_finished(ckpt, "fp")
+    assert tr.last_complete_checkpoint(ckpt, "fp", is_main=True) is None and not ckpt.exists()
 
 
 def test_batch_not_admitted_is_skipped(tiny_base, tmp_path):
@@ -342,12 +409,82 @@ def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
         assert rec["probe_loss_end"] < rec["probe_loss_start"]
 
 
+class _ReferenceChecks(TrainerCallback):
+    """At each check step, the per-item reference scores of that check's probe draw, taken at the
+    parameters the detector scores it at (before the step; after the Diagnosis callback)."""
+
+    def __init__(self, probe: list[mdl.Encoded], dp: DetectorParams):
+        self.probe, self.dp = probe, dp
+        self.order = probe_order(len(probe), dp.seed)
+        self.draws: dict[int, tuple[list[int], list[tuple[float, int]]]] = {}
+
+    def on_step_begin(self, args, state, control, model=None, **kw):
+        step, j, k = state.global_step + 1, len(self.draws), self.dp.probe_draw
+        if step % self.dp.every_steps or (j + 1) * k > len(self.probe):
+            return
+        take = self.order[j * k : (j + 1) * k]
+        model.eval()
+        self.draws[step] = (take, [reference_nll(model, self.probe[i]) for i in take])
+        model.train()
+
+
+def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
+    """Base side once and batched, each check's draw in one padded forward: the same gaps, log E path
+    and alarm step as scoring every item alone (base model reloaded; adapter side at the check)."""
+    data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=18, seed=2, n_combos=4)
+    # 8 checks of 2 items (of different lengths: padded); 2 probe items are never drawn. m0 = 0.05 and
+    # alpha = 0.3: this run's log E crosses log(1/alpha) = 1.20 at check 7 (1.05 at 6, 1.39 at 7)
+    dp = _dp(probe_draw=2, pilot_items=6, clip=1.0, null_gap=-0.9, alpha=0.3, stop_on_alarm=False)
+    tp = _tp(tmp_path, max_steps=8, save_steps=1000)
+    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
+    kb = io.read_parquet(data / "kb.parquet")
+    train, probe = (
+        [
+            mdl.encode_example(tok, e)
+            for e in tr.build_examples(io.read_parquet(data / f"{n}.parquet"), kb, ANSWER)
+        ]
+        for n in ("sft", "probe")
+    )
+    base = mdl.load_model(tiny_base)
+    train_base = _mean([reference_nll(base, train[i]) for i in tr.pilot_indices(len(train), 6, dp.seed)])
+    probe_base = [reference_nll(base, it) for it in probe]
+    ref = _ReferenceChecks(probe, dp)
+    res = tr.train_batch(data, tiny_base, tmp_path / "a", tp, dp, answer=ANSWER, bp=BP, extra_callbacks=[ref])
+
+    rows = {r["step"]: r for r in res.curves}
+    steps = sorted(ref.draws)
+    assert steps == [s for s, r in rows.items() if r["gap_increment"] is not None] == list(range(1, 9))
+    assert any(len({len(probe[i].input_ids) for i in take}) > 1 for take, _ in ref.draws.values())
+    tol = 1e-5 * train_base  # float tolerance, relative to the losses the gaps are differences of
+    assert res.record["train_loss_start"] == pytest.approx(train_base, rel=1e-5)
+    gaps = []
+    for step in steps:
+        take, now = ref.draws[step]
+        gaps.append((train_base - rows[step]["loss"]) - (_mean([probe_base[i] for i in take]) - _mean(now)))
+        assert rows[step]["probe_loss"] == pytest.approx(_mean(now), rel=1e-5)
+        assert rows[step]["gap_increment"] == pytest.approx(gaps[-1], abs=tol)
+    log_e, alarm = det.replay(gaps, dp)
+    assert [rows[s]["log_e"] for s in steps] == pytest.approx(list(log_e), abs=tol)
+    assert alarm > 0 and res.record["detector_alarm_step"] == steps[alarm - 1]
+    tail = [ref.draws[s] for s in steps[-2:]]  # the record's probe losses: the last quarter of the draws
+    start = _mean([probe_base[i] for take, _ in tail for i in take])
+    assert res.record["probe_loss_start"] == pytest.approx(start, rel=1e-5)
+    assert res.record["probe_loss_end"] == pytest.approx(_mean([x for _, now in tail for x in now]), rel=1e-5)
+
+
+def test_base_side_scores_only_the_items_a_run_can_draw():
+    items = [mdl.Encoded(tuple(range(5 + i)), 2) for i in range(10)]
+    diag = Diagnosis(_dp(every_steps=2, probe_draw=2), items, [], max_tokens=64, inject_nan_at_step=-1)
+    diag.s.planned_steps = 6  # checks at steps 2, 4, 6: three draws of two
+    assert diag.drawable() == diag.order[:6]
+    diag.s.planned_steps = 40  # more checks than the pool holds: the whole pool, in draw order
+    assert diag.drawable() == diag.order
+
+
 def test_health_check_reads_loss_and_optional_grad_norm():
     from types import SimpleNamespace
 
     from transformers import TrainerControl
-
-    from clap.train.diagnosis import Diagnosis
 
     diag = Diagnosis(_dp(enabled=False), [], [], max_tokens=64, inject_nan_at_step=-1)
     state = SimpleNamespace(global_step=1)
