@@ -42,12 +42,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = build_template(Path(tmp))
         key = str(Path(tmp) / "keys" / "alice.key")
+        signer = str(Path(tmp) / "keys" / "signer.key")  # EC P-256: the release signs the adapter folder
         t = {}
         t["approve_a"], token = _clap(repo, "approve", a, "--key", key)
-        t["release_a"], _ = _clap(repo, "release", a, "--token", token)
+        t["release_a"], _ = _clap(repo, "release", a, "--token", token, "--signing-key", signer)
         repro(repo)
         t["approve_b"], token = _clap(repo, "approve", b, "--key", key)
-        t["release_b"], _ = _clap(repo, "release", b, "--token", token)
+        t["release_b"], _ = _clap(repo, "release", b, "--token", token, "--signing-key", signer)
         shutil.rmtree(repo / "models" / "adapters" / a)
         t["rollback"], message = _clap(repo, "rollback")
     result = {
