@@ -68,6 +68,22 @@ TINY_LINES = ("L1", "L2", "L3", "L4")
 TINY_SHIFTS = ("A", "B")
 TINY_DATE = "2026-01-15"
 
+# The retrieval of the tiny fixtures: the demo's entity kinds (code, anchored, date), a one-concept lexicon.
+TINY_ENTITIES = {
+    "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
+    "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
+    "date": {"kind": "date"},
+}
+
+
+def tiny_retrieval():
+    """RetrievalParams of the tiny fixtures (BM25 k1 1.5, b 0.75, entity weight 2, English stopwords)."""
+    from clap.chain.retrieval import RetrievalParams
+
+    return RetrievalParams(
+        k1=1.5, b=0.75, entity_weight=2, stopwords="en", concepts={"oee": ["oee"]}, entities=TINY_ENTITIES
+    )
+
 
 def _tiny_combos() -> list[dict]:
     combos = []

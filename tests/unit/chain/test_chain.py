@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_tiny_adapter, write_tiny_admitted
+from conftest import make_tiny_adapter, tiny_retrieval, write_tiny_admitted
 
 from clap.chain import chain as chain_mod
 from clap.chain.chain import Chain, ChainParams, build_index, load_chain
 from clap.chain.grounding import AnswerSpace, answer_space
-from clap.chain.retrieval import RetrievalParams
 from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.model.generate import Generation
@@ -23,18 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = load_answer_schema(ROOT / "params.yaml")
 SPACE = answer_space(normalize_params(ROOT / "params.yaml"), SCHEMA)
 
-RP = RetrievalParams(
-    k1=1.5,
-    b=0.75,
-    entity_weight=2,
-    stopwords="en",
-    concepts={"oee": ["oee"]},
-    entities={
-        "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
-        "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
-        "date": {"kind": "date"},
-    },
-)
+RP = tiny_retrieval()
 CP = ChainParams(top_k=2, max_new_tokens=6, decoding="free", retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
 

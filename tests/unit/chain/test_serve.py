@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import make_tiny_adapter, write_tiny_admitted
+from conftest import make_tiny_adapter, tiny_retrieval, write_tiny_admitted
 
 from clap import cli, io, params
 from clap.chain.chain import ChainParams
-from clap.chain.retrieval import RetrievalParams
 from clap.chain.serve import ServeParams, create_app, load_service, resolve_release
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
@@ -27,18 +26,7 @@ CP = ChainParams(
     top_k=2,
     max_new_tokens=6,
     decoding="free",
-    retrieval=RetrievalParams(
-        1.5,
-        0.75,
-        2,
-        "en",
-        {"oee": ["oee"]},
-        {
-            "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
-            "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
-            "date": {"kind": "date"},
-        },
-    ),
+    retrieval=tiny_retrieval(),
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
 

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_tiny_adapter, write_tiny_admitted
+from conftest import make_tiny_adapter, tiny_retrieval, write_tiny_admitted
 
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import answer_space
-from clap.chain.retrieval import RetrievalParams
 from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams
@@ -37,18 +36,7 @@ CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
     decoding="free",
-    retrieval=RetrievalParams(
-        1.5,
-        0.75,
-        2,
-        "en",
-        {"oee": ["oee"]},
-        {
-            "line": {"kind": "code", "letter": "l", "prefixes": ["line", "ln"]},
-            "shift": {"kind": "anchored", "anchor": "shift", "words": {"A": ["early"], "B": ["late"]}},
-            "date": {"kind": "date"},
-        },
-    ),
+    retrieval=tiny_retrieval(),
 )
 RPARAMS = EvalParams(
     batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
