@@ -105,6 +105,8 @@ def _display(arg: str) -> str:
         return "python"
     if arg == _dvc():
         return "dvc"
+    if Path(arg).parent == Path(sys.executable).parent:
+        return Path(arg).name  # another console script of this environment (model_signing)
     return arg
 
 
@@ -262,6 +264,19 @@ def batch_row(scratch: Path, batch: str) -> dict[str, Any]:
     }
 
 
+def scratch_clone(run: Runner, project: Path, scratch: Path, head: str, cache_dir: Path, name: str) -> None:
+    """Clone ``project`` at ``head`` into ``scratch`` (branch ``name``; ``run`` works there afterwards): no
+    origin remote (it can never be pushed), its own git identity, the project's DVC cache shared without links."""
+    git(run, "clone", "-q", "--no-local", str(project), str(scratch), what="clone the project")
+    run.cwd = scratch
+    git(run, "checkout", "-q", "-B", name, head, what="check out the project's HEAD")
+    git(run, "remote", "remove", "origin", what="no remote: the scratch clone is never pushed")
+    git(run, "config", "user.name", f"clap {name}", what="scratch identity")
+    git(run, "config", "user.email", f"{name}@localhost", what="scratch identity")
+    run([_dvc(), "config", "--local", "cache.dir", str(cache_dir)], "share the project's DVC cache")
+    run([_dvc(), "config", "--local", "cache.type", "reflink,copy"], "never link into the shared cache")
+
+
 def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
     project = args.project.resolve()
     head = subprocess.run(
@@ -305,14 +320,7 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
     }
     start = time.perf_counter()
     try:
-        git(run, "clone", "-q", "--no-local", str(project), str(scratch), what="clone the project")
-        run.cwd = scratch
-        git(run, "checkout", "-q", "-B", "closed-loop", head, what="check out the project's HEAD")
-        git(run, "remote", "remove", "origin", what="no remote: the scratch clone is never pushed")
-        git(run, "config", "user.name", "clap closed loop", what="scratch identity")
-        git(run, "config", "user.email", "closed-loop@localhost", what="scratch identity")
-        run([_dvc(), "config", "--local", "cache.dir", str(cache_dir)], "share the project's DVC cache")
-        run([_dvc(), "config", "--local", "cache.type", "reflink,copy"], "never link into the shared cache")
+        scratch_clone(run, project, scratch, head, cache_dir, "closed-loop")
         if args.overrides:
             set_params(scratch / "params.yaml", args.overrides)
             commit_all(

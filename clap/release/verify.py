@@ -89,6 +89,7 @@ class VerifyParams:
     timing_files: Sequence[str]
     hardware_rel_tol: float
     hardware_abs_tol: float
+    hardware_abs_tol_keys: Mapping[str, float]  # key/column pattern -> absolute tolerance of that quantity
     hardware_adapter_abs_tol: float
     hardware_float_hashes: Sequence[str]
 
@@ -330,11 +331,18 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def within_hardware_tolerance(a: float, b: float, vp: VerifyParams) -> bool:
-    """``|a - b| <= max(rel * max(|a|, |b|), abs)``: two floats equal up to another hardware's rounding."""
+def within_hardware_tolerance(a: float, b: float, vp: VerifyParams, key: str = "") -> bool:
+    """``|a - b| <= max(rel * max(|a|, |b|), abs)``: two floats equal up to another hardware's rounding.
+
+    ``abs`` is ``hardware_abs_tol``, or the largest tolerance of ``hardware_abs_tol_keys`` whose
+    pattern matches ``key`` (a flattened JSON key or a CSV column): for quantities whose scale is
+    not their own magnitude (a log e-value near 0 against a threshold of 3, a KL of 1e-5 made
+    from log-probabilities of order 1), a relative tolerance is meaningless."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return False
-    return abs(a - b) <= max(vp.hardware_rel_tol * max(abs(a), abs(b)), vp.hardware_abs_tol)
+    keyed = [tol for pattern, tol in vp.hardware_abs_tol_keys.items() if key and _matches(key, [pattern])]
+    abs_tol = max([vp.hardware_abs_tol, *keyed])
+    return abs(a - b) <= max(vp.hardware_rel_tol * max(abs(a), abs(b)), abs_tol)
 
 
 def _cross_status(kind: str, key: str, va: Any, vb: Any, vp: VerifyParams) -> str:
@@ -342,7 +350,7 @@ def _cross_status(kind: str, key: str, va: Any, vb: Any, vp: VerifyParams) -> st
     of a float-made artifact is ``different hardware``; anything else (decisions, counts,
     strings, data hashes) still fails."""
     floats = _is_number(va) and _is_number(vb) and (isinstance(va, float) or isinstance(vb, float))
-    if kind == "value" and floats and within_hardware_tolerance(float(va), float(vb), vp):
+    if kind == "value" and floats and within_hardware_tolerance(float(va), float(vb), vp, key):
         return CROSS_HARDWARE
     if kind == "hash" and _matches(key, vp.hardware_float_hashes):
         return CROSS_HARDWARE
@@ -413,20 +421,20 @@ def compare_csv_values(rel: str, committed: Path, reproduced: Path, vp: VerifyPa
     ):
         ra, rb = list(csv.reader(fa)), list(csv.reader(fb))
 
-    def close(x: str, y: str) -> bool:
+    def close(x: str, y: str, column: str) -> bool:
         if x == y:
             return True
         try:
-            return within_hardware_tolerance(float(x), float(y), vp)
+            return within_hardware_tolerance(float(x), float(y), vp, column)
         except ValueError:
             return False
 
     same_shape = len(ra) == len(rb) and all(len(x) == len(y) for x, y in zip(ra, rb, strict=True))
     ok = same_shape and bool(ra) and ra[0] == rb[0]
     ok = ok and all(
-        close(x, y)
+        close(x, y, column)
         for row_a, row_b in zip(ra[1:], rb[1:], strict=True)
-        for x, y in zip(row_a, row_b, strict=True)
+        for x, y, column in zip(row_a, row_b, ra[0], strict=True)
     )
     return Row(
         rel,
@@ -531,7 +539,9 @@ def hardware_note(batch: str, hw: Hardware, vp: VerifyParams, *, with_weights: b
         return (
             f"{batch}: {CROSS_HARDWARE}: committed on {hw.committed}, re-run on {hw.reproduced}; decisions, "
             f"counts, strings and data hashes compared exactly, floats within rel {vp.hardware_rel_tol:g} / "
-            f"abs {vp.hardware_abs_tol:g}, {weights}"
+            f"abs {vp.hardware_abs_tol:g}"
+            + "".join(f", {k} abs {v:g}" for k, v in vp.hardware_abs_tol_keys.items())
+            + f", {weights}"
         )
     if not hw.committed:
         return f"{batch}: the commit records no hardware class: compared as the same hardware (bytes)"

@@ -305,6 +305,33 @@ def test_another_hardware_class_compares_adapter_weights_and_csv_within_toleranc
     assert vf.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == vf.FAILING  # a count differs
 
 
+def test_keyed_absolute_tolerances_for_quantities_whose_scale_is_not_their_magnitude(tmp_path, vp):
+    """The differences a rebuild on AMD AVX2 showed against the AMD AVX-512 commit: the detector's
+    max log e-value near 0 (4.6e-4 relative) and an early GRPO KL (1.8e-4 relative) fail the
+    relative tolerance but are far inside their keyed absolute ones; beyond those they still fail."""
+    assert vp.hardware_abs_tol_keys  # set in params.yaml
+    log_e = (0.08412832804760018, 0.08408995069623049)
+    kl = (8.680171595187858e-05, 8.681725012138486e-05)
+    for key, (a, b) in {"metrics/train/b.json:detector_max_log_e": log_e, "kl": kl}.items():
+        assert not vf.within_hardware_tolerance(a, b, vp)  # no key: relative 1e-4 only
+        assert vf.within_hardware_tolerance(a, b, vp, key)
+    assert vf.within_hardware_tolerance(*log_e, vp, "detector.max_log_e")  # the leaf of a nested key
+    assert not vf.within_hardware_tolerance(0.084, 0.090, vp, "detector_max_log_e")  # 6e-3: beyond 1e-3
+    assert not vf.within_hardware_tolerance(8.4e-5, 2.4e-5, vp, "kl_peak")  # 6e-5: beyond 1e-6
+    assert not vf.within_hardware_tolerance(*log_e, vp, "final_loss")  # other keys keep the relative rule
+
+    a = _batch_root(tmp_path / "a", "x86_64-avx512-amd", detector_max_log_e=log_e[0])
+    b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", detector_max_log_e=log_e[1])
+    rows = vf.compare_outputs(a, b, ["metrics/train/b.json"], "b", vp, vf.batch_hardware(a, b, "b"))
+    assert vf.VerifyResult("c", ["b"], rows, 0.0).failures == []
+    (tmp_path / "a.csv").write_text(f"step,kl,reward\n2,{kl[0]!r},0.97\n")
+    (tmp_path / "b.csv").write_text(f"step,kl,reward\n2,{kl[1]!r},0.97\n")
+    (tmp_path / "c.csv").write_text(f"step,kl,reward\n2,{kl[0]!r},0.9701\n")  # reward: relative rule
+    csv_a, csv_b, csv_c = (tmp_path / f"{n}.csv" for n in "abc")
+    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == vf.CROSS_HARDWARE
+    assert vf.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == vf.FAILING
+
+
 # --- no remote: rebuilt from data/raw -----------------------------------------------------
 def _lock(**outs) -> dict:
     return {
