@@ -237,8 +237,11 @@ def batch_row(scratch: Path, batch: str) -> dict[str, Any]:
     else:
         baseline_name, incumbent_sha = "base", None
     evalm = read_json(scratch / "metrics/eval" / f"{batch}.json")
+    start = read_json(scratch / "records/warm_start" / f"{batch}.json")  # what its adapter was trained from
     return {
         "batch": batch,
+        "trained_from": start.get("from_batch") or "fresh",
+        "trained_from_sha256": start.get("adapter_sha256") or None,
         "baseline": baseline,
         "baseline_batch": baseline_name,
         "baseline_reason": gate.get("baseline_reason"),
@@ -253,6 +256,7 @@ def batch_row(scratch: Path, batch: str) -> dict[str, Any]:
         "c": gate.get("c"),
         "pvalue": gate.get("pvalue"),
         "lcb": gate.get("lcb"),
+        "power_at_delta_star": gate.get("rule_power_at_delta_star"),
         "decision": gate["decision"],
         "rule": gate["rule"],
         "offline_decision": gate.get("offline_decision"),
@@ -527,9 +531,9 @@ def render(result: dict[str, Any]) -> str:
         ]
     lines += [
         "",
-        "| batch | baseline | pass rate baseline → candidate | offline Δ | McNemar b/c | p | decision (rule) "
-        "| chain Δ value (A → B) | released | adapter sha256 | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | trained from | baseline | pass rate base / baseline → candidate | offline Δ | McNemar b/c | p "
+        "| power at δ* | decision (rule) | chain Δ value (A → B) | released | adapter sha256 | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         released = (
@@ -540,9 +544,10 @@ def render(result: dict[str, Any]) -> str:
         sha = (r["released_sha256"] or r["candidate_sha256"] or "")[:12]
         incumbent = f" (`{r['incumbent_sha256'][:12]}`)" if r["incumbent_sha256"] else ""
         lines.append(
-            f"| {r['batch']} | {r['baseline_batch']}{incumbent} | {_f(r['baseline_pass_rate'], '.3f')} → "
-            f"{_f(r['candidate_pass_rate'], '.3f')} | {_f(r['delta'], '+.3f')} | "
-            f"{_f(r['b'], 'd')}/{_f(r['c'], 'd')} | {_f(r['pvalue'], '.4g')} | {r['decision']} (`{r['rule']}`) | "
+            f"| {r['batch']} | {r['trained_from']} | {r['baseline_batch']}{incumbent} | {_f(r['base_pass_rate'], '.3f')} / "
+            f"{_f(r['baseline_pass_rate'], '.3f')} → {_f(r['candidate_pass_rate'], '.3f')} | {_f(r['delta'], '+.3f')} | "
+            f"{_f(r['b'], 'd')}/{_f(r['c'], 'd')} | {_f(r['pvalue'], '.4g')} | {_f(r['power_at_delta_star'], '.2f')} | "
+            f"{r['decision']} (`{r['rule']}`) | "
             f"{_f(r['chain_delta'], '+.3f')} ({_f(r['A_value_accuracy'], '.3f')} → {_f(r['B_value_accuracy'], '.3f')}) | "
             f"{released} | `{sha}` | {r['wall_s']} |"
         )

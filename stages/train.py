@@ -1,9 +1,11 @@
 """train: LoRA SFT of one admitted batch with runtime diagnosis and the online TBDL detector.
 
-usage: python stages/train.py data/admitted/<b> models/base models/adapters/<b> metrics/train/<b>.json plots/train/<b>.csv
+usage: python stages/train.py data/admitted/<b> models/base records/warm_start/<b>.json models/adapters/<b> metrics/train/<b>.json plots/train/<b>.csv
        (unchanged under `torchrun --nproc_per_node N stages/train.py ...`)
 
-in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; params.yaml `train`, `detector`, `task` (the answer),
+in:  data/admitted/<b>/{sft,probe,kb}.parquet + admission.json; models/base; records/warm_start/<b>.json (what the
+     adapter starts from: fresh weights, or a released adapter models/adapters/<from>, sha256-checked);
+     params.yaml `train`, `detector`, `task` (the answer),
      `release.cost` (the batch's budget: the run's cost is estimated before training, clap/train/budget.py)
 out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tokenizer; a batch not
      admitted, or held over budget, gets only skipped.json), metrics/train/<b>.json (flat numbers, the
@@ -29,12 +31,15 @@ from clap.train.budget import budget_params  # noqa: E402
 from clap.train.detector import DetectorParams  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
 from clap.train.sft import TrainParams, train_batch  # noqa: E402
+from clap.train.warm_start import read as read_warm_start  # noqa: E402
 
-USAGE = "usage: python stages/train.py ADMITTED_DIR BASE_DIR ADAPTER_DIR METRICS_JSON CURVES_CSV"
+USAGE = (
+    "usage: python stages/train.py ADMITTED_DIR BASE_DIR WARM_START_JSON ADAPTER_DIR METRICS_JSON CURVES_CSV"
+)
 
 
 def run(
-    data_dir: Path, base_dir: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path
+    data_dir: Path, base_dir: Path, start: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path
 ) -> dict | None:
     """Train one batch; rank 0 writes the record and curves and gets the record back."""
     dp = params.section("determinism", determinism.DeterminismParams)
@@ -47,6 +52,7 @@ def run(
         params.section("detector", DetectorParams),
         answer=load_answer_schema(),
         bp=budget_params(),
+        start=read_warm_start(start, adapter_dir.name),
     )
     if not result.is_main:
         return None
@@ -65,12 +71,15 @@ def describe(argv, r: dict) -> str:
     batch_dir = argv[0]
     if not r["trained"]:
         return f"train {batch_dir}: not trained, health {r['health']} ({r['skip_reason']})"
+    start = (
+        f"from batch {r['init_from_batch']}'s adapter" if r["init_from_batch"] else "from fresh LoRA weights"
+    )
 
     def f(v) -> str:
         return f"{v:.3f}" if isinstance(v, (int, float)) else str(v)
 
     return (
-        f"train {batch_dir}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
+        f"train {batch_dir} {start}: {r['steps']}/{r['planned_steps']} steps, health {r['health']}, loss {f(r['train_loss_start'])} -> "
         f"{f(r['train_loss_end'])}, probe {f(r['probe_loss_start'])} -> {f(r['probe_loss_end'])}, detector log E max "
         f"{f(r['detector_max_log_e'])} / {f(r['detector_log_threshold'])}, {f(r['tokens_per_s'])} tokens/s, {f(r['wall_s'])} s "
         f"(estimated {f(r['cost_estimate_s'])} s, budget {f(r['cost_budget_s'])} s)"
@@ -78,4 +87,4 @@ def describe(argv, r: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (5,), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (6,), run, describe))

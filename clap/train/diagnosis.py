@@ -93,6 +93,11 @@ class Diagnosis(TrainerCallback):
         pilot: training items scored under the base model for the frozen training baseline.
         max_tokens: padded tokens per scoring forward (a check's draw is one forward when it fits).
         inject_nan_at_step: fault injection: poison a LoRA weight before this step (-1: off).
+        warm_start: the run continues a trained adapter (``train.init: incumbent``). The reference
+            side of every check (L_train_base, L_probe_base) is then the model the run starts
+            from, scored at train begin with that adapter on, not the bare base model: the
+            detector asks what *this run* taught, as it does for a fresh adapter (whose start
+            is the base model exactly: LoRA's B starts at zero).
     """
 
     def __init__(
@@ -103,8 +108,11 @@ class Diagnosis(TrainerCallback):
         *,
         max_tokens: int,
         inject_nan_at_step: int,
+        warm_start: bool = False,
     ):
         self.p, self.probe, self.pilot = params, probe, pilot
+        self.warm_start = warm_start
+        self._began = False  # set after train begin: the start-of-run model is gone from then on
         self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
         self.resumed_tokens = 0.0  # tokens trained before a resume (set at train begin)
         self.run_tokens = 0.0  # tokens trained by this process (TRL's num_tokens restarts at 0 on resume)
@@ -144,8 +152,9 @@ class Diagnosis(TrainerCallback):
         # tokens already trained before a resume: throughput counts only this process's tokens
         self.resumed_tokens = logged_tokens(state.log_history)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
-        if self.p.enabled and self.s.train_base is None:  # fresh run (a resumed one restored them)
+        if self.s.train_base is None and (self.p.enabled or self.warm_start):  # a resumed run restored them
             self._score_base(model)
+        self._began = True
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         if self.inject_nan_at_step > 0 and state.global_step + 1 == self.inject_nan_at_step:
@@ -175,6 +184,8 @@ class Diagnosis(TrainerCallback):
         One draw per check, a check every ``every_steps`` of the planned steps, until the pool
         runs out (:meth:`_due`); items past that are never drawn.
         """
+        if not self.p.enabled:  # a warm start's record still needs the start-of-run probe loss of the pool
+            return list(range(len(self.probe)))
         checks = min(self.s.planned_steps // self.p.every_steps, len(self.probe) // self.p.probe_draw)
         return self.order[: checks * self.p.probe_draw]
 
@@ -243,9 +254,14 @@ class Diagnosis(TrainerCallback):
         return scores
 
     def _score_as_base(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
-        """Scores under the base weights: the LoRA layers switched off (peft), not a second model."""
-        with model.disable_adapter():
-            return self._score(model, items)
+        """Scores under the run's reference weights: the base model (the LoRA layers switched off,
+        not a second model), or for a warm start the starting adapter, which exists only before training."""
+        if not self.warm_start:
+            with model.disable_adapter():
+                return self._score(model, items)
+        if self._began:
+            raise RuntimeError("a warm start's reference losses can only be scored before the first step")
+        return self._score(model, items)
 
     def score_probe(self, model) -> tuple[float, float]:
         """(base, trained) token-mean probe loss for the record: paired, over the same items.
@@ -262,7 +278,10 @@ class Diagnosis(TrainerCallback):
             return token_mean([self._base_of(i) for i in items]), token_mean(
                 [tuple(x) for _, sc in tail for x in sc]
             )
-        base = self._score_as_base(model, self.probe)
+        if self.warm_start:  # scored at train begin (:meth:`_score_base`)
+            base = [self._base_of(i) for i in range(len(self.probe))]
+        else:
+            base = self._score_as_base(model, self.probe)
         return token_mean(base), shared(token_mean(self._score(model, self.probe)))
 
     # --- helpers --------------------------------------------------------------------------

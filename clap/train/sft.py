@@ -45,6 +45,8 @@ from clap.train.diagnosis import (
     logged_tokens,
     shared,
 )
+from clap.train.warm_start import WarmStart
+from clap.train.warm_start import adapter_dir as start_adapter_dir
 
 log = logging.getLogger(__name__)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -144,7 +146,12 @@ def pilot_indices(n_items: int, k: int, seed: int) -> list[int]:
 
 # --- run setup ----------------------------------------------------------------------------
 def fingerprint(
-    tp: TrainParams, dp: DetectorParams, encoded: dict[str, list], base_dir: Path, world_size: int
+    tp: TrainParams,
+    dp: DetectorParams,
+    encoded: dict[str, list],
+    base_dir: Path,
+    world_size: int,
+    start_sha256: str = "",
 ) -> str:
     """Hash of everything that must match for a checkpoint to be resumed.
 
@@ -157,6 +164,9 @@ def fingerprint(
         "encoded": encoded,
         "base": mdl.base_sha256(base_dir),
         "world_size": world_size,
+        **(
+            {"start": start_sha256} if start_sha256 else {}
+        ),  # absent for fresh weights: old fingerprints hold
     }
     return io.sha256_bytes(io.dumps_json(blob).encode())
 
@@ -290,6 +300,36 @@ def lora_config(tp: TrainParams):
     )
 
 
+LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout"}
+
+
+def load_start_adapter(model, start_dir: Path, tp: TrainParams):
+    """``model`` with the adapter of ``start_dir`` on it, trainable: the warm start.
+
+    The adapter's LoRA shape must be the one params ask for: peft would otherwise train the
+    loaded shape and silently ignore ``train.lora_*`` / ``target_modules``.
+
+    Raises:
+        ClapError: the adapter's LoRA config differs from params (names each key).
+    """
+    from peft import PeftModel
+
+    config = io.read_json(start_dir / ADAPTER_FILES[1])
+    want = {k: getattr(tp, v) for k, v in LORA_KEYS.items()} | {"target_modules": sorted(tp.target_modules)}
+    have = {k: config.get(k) for k in LORA_KEYS} | {
+        "target_modules": sorted(config.get("target_modules") or [])
+    }
+    bad = [f"{k}: adapter {have[k]!r}, params {want[k]!r}" for k in want if have[k] != want[k]]
+    if bad:
+        raise ClapError(
+            "the warm-start adapter's LoRA shape is not the one params ask for (" + "; ".join(bad) + "): "
+            "set train.init: base to train a fresh adapter of the new shape",
+            file=start_dir / ADAPTER_FILES[1],
+            rule="warm_start_lora_mismatch",
+        )
+    return PeftModel.from_pretrained(model, str(start_dir), is_trainable=True)
+
+
 @contextlib.contextmanager
 def compact_lm_head():
     """Make TRL's fused LM head score only loss positions on CPU too (it does so on CUDA).
@@ -364,6 +404,7 @@ def train_batch(
     *,
     answer: AnswerSchema,
     bp: budget.BudgetParams,
+    start: WarmStart | None = None,
     extra_callbacks: Sequence[Any] = (),
 ) -> TrainResult:
     """Train one admitted batch's LoRA adapter and write it to ``adapter_dir`` (rank 0).
@@ -375,6 +416,9 @@ def train_batch(
         tp: ``train`` params.  dp: ``detector`` params.
         answer: the declared answer (params ``task``): the completions' shape.
         bp: the budget the run is held to before it trains (params ``release.cost``).
+        start: what the adapter starts from (stage ``warm_start``; None: fresh LoRA weights). A
+            warm start loads that adapter (a sibling folder of ``adapter_dir``, its sha256 checked)
+            and trains it further on this batch.
         extra_callbacks: more TrainerCallbacks (tests use one to interrupt a run).
 
     Returns:
@@ -395,6 +439,9 @@ def train_batch(
             write_skipped_adapter(adapter_dir, reason)
         return TrainResult(skipped_record(reason, base_dir, tp), [], rank == 0)
     t_start = time.perf_counter()
+    start_dir = (
+        start_adapter_dir(start, adapter_dir.parent) if start is not None and not start.fresh else None
+    )
     determinism.seed_everything(tp.seed, tp.torch_threads)
     sft, probe, kb = (io.read_parquet(data_dir / f"{n}.parquet") for n in ("sft", "probe", "kb"))
     if sft.empty:
@@ -427,6 +474,7 @@ def train_batch(
             bp,
             world_size=world_size,
             started=t_start,
+            start_dir=start_dir,
             extra_callbacks=extra_callbacks,
         )
     except _HeldOverBudget as held:
@@ -453,6 +501,8 @@ def train_batch(
         "torch_threads": tp.torch_threads,
         "world_size": world_size,
         "loss_on_prompt": tp.loss_on_prompt,
+        "init_from_batch": start.from_batch if start is not None else "",
+        "init_adapter_sha256": start.adapter_sha256 if start is not None else "",
         "machine": platform.machine(),
         **detector_constants(dp),
     }
@@ -479,6 +529,7 @@ def _run_trainer(
     *,
     world_size: int,
     started: float,
+    start_dir: Path | None,
     extra_callbacks: Sequence[Any],
 ) -> TrainerRun:
     from datasets import Dataset
@@ -500,6 +551,7 @@ def _run_trainer(
         },
         base_dir,
         world_size,
+        io.sha256_file(start_dir / ADAPTER_FILES[0]) if start_dir is not None else "",
     )
     resume = last_complete_checkpoint(ckpt_dir, fp, is_main)
     _barrier()
@@ -507,17 +559,25 @@ def _run_trainer(
         io.write_json(ckpt_dir / FINGERPRINT_FILE, {"fingerprint": fp})
     pilot = [data.train[i] for i in pilot_indices(len(data.train), dp.pilot_items, dp.seed)]
     diag = Diagnosis(
-        dp, data.probe, pilot, max_tokens=tp.max_length, inject_nan_at_step=tp.inject_nan_at_step
+        dp,
+        data.probe,
+        pilot,
+        max_tokens=tp.max_length,
+        inject_nan_at_step=tp.inject_nan_at_step,
+        warm_start=start_dir is not None,
     )
     if resume:
         log.warning("resuming from %s", resume)
         diag.load_state(resume)
+    model = load_train_model(base_dir, precision, device)
+    if start_dir is not None:
+        model = load_start_adapter(model, start_dir, tp)
     trainer = SFTTrainer(
-        model=load_train_model(base_dir, precision, device),
+        model=model,
         args=args,
         train_dataset=Dataset.from_list(data.examples),
         processing_class=tok,
-        peft_config=lora_config(tp),
+        peft_config=lora_config(tp) if start_dir is None else None,  # a warm start is already a PeftModel
         callbacks=[diag, *extra_callbacks],
     )
     masked, total = masked_label_counts(trainer.train_dataset)

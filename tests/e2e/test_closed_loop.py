@@ -1,4 +1,5 @@
-"""End to end: benchmarks/closed_loop.py on the tiny config, two batches in time order (the
+"""End to end: benchmarks/closed_loop.py on the tiny config, two batches in time order, each trained
+from the adapter in production (``warm_start.mode: incumbent``) (the
 committed report runs three; two keep the suite's slowest test at ~2/3 of its three-batch time and
 still gate the second batch against the first's released adapter and roll it back).
 
@@ -44,7 +45,7 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "closed_loop.py"), "--project", str(loop_project),
-         "--batches", *BATCHES, "--out", str(out), "--force-release"],
+         "--batches", *BATCHES, "--out", str(out), "--force-release", "--set", "warm_start.mode=incumbent"],
         cwd=ROOT, env=e2e_env(), capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     print(f"closed loop on the tiny config: {time.perf_counter() - start:.1f} s")
@@ -67,6 +68,9 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     shas = [r["released_sha256"] for r in rows]
     assert len(set(shas)) == 2  # two different adapters: restoring the previous one is not trivial
     assert [r["incumbent_sha256"] for r in rows] == [None, shas[0]]  # eval loaded the released bytes
+    # continual training: the second batch's adapter continued the released one (stage warm_start)
+    assert [r["trained_from"] for r in rows] == ["fresh", BATCHES[0]]
+    assert [r["trained_from_sha256"] for r in rows] == [None, shas[0]]
 
     rb = result["rollback"]
     assert rb["exercised"] and rb["equal"]

@@ -15,6 +15,7 @@ import yaml
 from conftest import run_stage, write_tiny_admitted
 
 from clap import io
+from clap.release.lineage import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = ROOT / "stages" / "train.py"
@@ -55,9 +56,14 @@ def _params(tmp: Path, cost: dict | None = None, **train) -> None:
 
 
 def _argv(tmp: Path, base: Path, data: Path) -> list[str]:
+    start = (
+        tmp / "records/warm_start/b.json"
+    )  # nothing released: fresh weights (what stage warm_start writes)
+    io.write_json(start, resolve("b", "fresh", tmp, tmp / "models/adapters").record())
     return [
         str(data),
         str(base),
+        str(start),
         str(tmp / "models/adapters/b"),
         str(tmp / "metrics/train/b.json"),
         str(tmp / "plots/train/b.csv"),

@@ -31,6 +31,10 @@ def _records(root: Path, batch: str, gate: dict, replay: dict, incumbent: dict) 
         f"metrics/replay/{batch}.json": replay,
         f"metrics/eval/{batch}.json": {"base_pass_rate": 0.1},
         f"reports/gate/{batch}/evidence.json": {"adapter_sha256": "ab" * 32, "incumbent": incumbent},
+        f"records/warm_start/{batch}.json": {
+            "from_batch": incumbent.get("batch", ""),
+            "adapter_sha256": "cd" * 32,
+        },
     }
     for rel, record in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -42,6 +46,7 @@ def test_the_baseline_names_the_incumbent_batch(tmp_path):
     row = loop.batch_row(tmp_path, "2026-02")
     assert (row["baseline_batch"], row["b"], row["c"], row["chain_delta"]) == ("2026-01", 9, 2, 0.25)
     assert row["incumbent_sha256"] == "cd" * 32
+    assert (row["trained_from"], row["trained_from_sha256"]) == ("2026-01", "cd" * 32)
 
 
 @pytest.mark.parametrize(

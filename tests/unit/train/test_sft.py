@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from clap.train import sft as tr
 from clap.train.budget import BudgetParams
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import Diagnosis, probe_order
+from clap.train.warm_start import WarmStart
 
 ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
@@ -505,3 +507,69 @@ def test_adapter_config_target_modules_are_written_sorted(tmp_path):
     io.write_json(path, {"target_modules": ["v_proj", "q_proj", "k_proj"], "r": 8})
     tr.canonical_adapter_config(path)
     assert io.read_json(path) == {"target_modules": ["k_proj", "q_proj", "v_proj"], "r": 8}
+
+
+# --- warm start (train.init: incumbent) ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def started(tiny_base, batch, tmp_path_factory):
+    """A finished adapter 'a' (detector off: its record's probe_loss_end is the whole pool at its final weights)."""
+    root = tmp_path_factory.mktemp("warm")
+    res = tr.train_batch(
+        batch, tiny_base, root / "adapters" / "a", _tp(root), _dp(enabled=False), answer=ANSWER, bp=BP
+    )
+    return root, res.record
+
+
+def test_warm_start_continues_the_released_adapter(started, reference, tiny_base, batch, tmp_path):
+    root, first = started
+    ws = WarmStart("b", "a", first["adapter_sha256"], "test: a is in production")
+    tp = _tp(tmp_path)
+    warm = tr.train_batch(
+        batch, tiny_base, root / "adapters" / "b", tp, _dp(enabled=False), answer=ANSWER, bp=BP, start=ws
+    )
+    rec = warm.record
+    assert rec["init_from_batch"] == "a"
+    assert rec["init_adapter_sha256"] == first["adapter_sha256"] != rec["adapter_sha256"]
+    # the run's reference is the model it starts from: a's final weights on the same probe pool, not the base
+    assert rec["probe_loss_start"] == pytest.approx(first["probe_loss_end"], rel=1e-5)
+    assert rec["probe_loss_start"] < first["probe_loss_start"]
+    # the detector's reference is the start model too: its checks run on what this run taught
+    with_detector = tr.train_batch(
+        batch,
+        tiny_base,
+        root / "adapters" / "d",
+        _tp(tmp_path / "d"),
+        _dp(),
+        answer=ANSWER,
+        bp=BP,
+        start=dataclasses.replace(ws, batch="d"),
+    ).record
+    assert (
+        with_detector["detector_checks"] == 4
+        and with_detector["train_loss_start"] < reference[1].record["train_loss_start"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "tp_kw", "rule"),
+    [
+        ({"adapter_sha256": "0" * 64}, {}, "warm_start_hash_mismatch"),
+        ({"from_batch": "gone"}, {}, "warm_start_missing"),
+        ({}, {"lora_r": 4}, "warm_start_lora_mismatch"),
+    ],
+)
+def test_warm_start_refuses_what_it_cannot_continue(started, tiny_base, batch, tmp_path, change, tp_kw, rule):
+    root, first = started
+    ws = dataclasses.replace(WarmStart("b", "a", first["adapter_sha256"], "test"), **change)
+    with pytest.raises(ClapError) as err:
+        tr.train_batch(
+            batch,
+            tiny_base,
+            root / "adapters" / "x",
+            _tp(tmp_path, **tp_kw),
+            _dp(),
+            answer=ANSWER,
+            bp=BP,
+            start=ws,
+        )
+    assert err.value.rule == rule
