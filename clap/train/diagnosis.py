@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from clap import io
 from clap.model.base import Encoded, completion_nll
+from clap.progress import Progress
 from clap.train import detector as det
 
 CURVE_COLUMNS = (
@@ -82,6 +83,44 @@ class DiagState:
     planned_steps: int = 0
     score_seconds: float = 0.0  # time spent scoring pilot/probe items (detector overhead)
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+class TrainProgress(TrainerCallback):
+    """Optimizer steps as :class:`clap.progress.Progress` shows them (a bar on a terminal, plain lines in a
+    log), with the latest logged ``keys`` (loss, reward, ...) after the counts; on the main process only.
+    It replaces transformers' ``PrinterCallback`` (:func:`quiet_trainer`): it reads logs, never changes them.
+    """
+
+    def __init__(self, desc: str, keys: Sequence[str]):
+        self.desc, self.keys = desc, tuple(keys)
+        self.bar: Progress | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.bar = Progress(int(state.max_steps), self.desc, "step", initial=int(state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None and not control.should_log:  # a logging step is counted with its log
+            self.bar.set(int(state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs:
+            self.bar.set(int(state.global_step), **{k: logs[k] for k in self.keys if k in logs})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def quiet_trainer(trainer, progress: TrainProgress) -> None:
+    """Show ``progress`` instead of the raw log dicts transformers prints every logging step when its
+    tqdm is disabled (``PrinterCallback``): the logs still reach every other callback and the history."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(progress)
 
 
 class Diagnosis(TrainerCallback):

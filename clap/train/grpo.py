@@ -29,7 +29,7 @@ from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, reward
-from clap.train.diagnosis import as_text_if_nonfinite
+from clap.train.diagnosis import TrainProgress, as_text_if_nonfinite, quiet_trainer
 from clap.train.grpo_diagnosis import GrpoDiagnosis
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.train.sft import (
@@ -282,6 +282,7 @@ def _train(
             peft_config=peft_config,
             callbacks=[diag],
         )
+        quiet_trainer(trainer, TrainProgress(f"grpo {adapter_dir.name}", ("reward", "kl")))
         trainer.train()
     sha = save_adapter(trainer, adapter_dir) if args.process_index == 0 else ""
     numbers = {

@@ -40,9 +40,11 @@ from clap.train.detector import DetectorParams
 from clap.train.diagnosis import (
     STATE_FILE,
     Diagnosis,
+    TrainProgress,
     as_text_if_nonfinite,
     detector_constants,
     logged_tokens,
+    quiet_trainer,
     shared,
 )
 
@@ -520,6 +522,7 @@ def _run_trainer(
         peft_config=lora_config(tp),
         callbacks=[diag, *extra_callbacks],
     )
+    quiet_trainer(trainer, TrainProgress(f"train {adapter_dir.name}", ("loss",)))
     masked, total = masked_label_counts(trainer.train_dataset)
     estimate = shared(  # rank 0's estimate decides on every rank: they must stop (or train) together
         budget.estimate_run(
