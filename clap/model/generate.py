@@ -17,8 +17,8 @@ decoding cost) and the batch's wall time itself.
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Sequence

@@ -29,8 +29,7 @@ from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, reward
-from clap.train.diagnosis import TrainProgress, as_text_if_nonfinite, quiet_trainer
-from clap.train.grpo_diagnosis import GrpoDiagnosis
+from clap.train.diagnosis import as_text_if_nonfinite
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.train.sft import (
     ADAPTER_FILES,
@@ -265,6 +264,8 @@ def _train(
 ) -> TrainerRun:
     from datasets import Dataset
     from trl import GRPOTrainer
+
+    from clap.train.callbacks import GrpoDiagnosis, TrainProgress, quiet_trainer
 
     device = mdl.default_device()
     model, peft_config = load_policy(base_dir, sft_dir, p, tp, device)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -39,14 +39,14 @@ from clap.train import budget
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import (
     STATE_FILE,
-    Diagnosis,
-    TrainProgress,
     as_text_if_nonfinite,
     detector_constants,
     logged_tokens,
-    quiet_trainer,
     shared,
 )
+
+if TYPE_CHECKING:
+    from clap.train.callbacks import Diagnosis
 
 log = logging.getLogger(__name__)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -485,6 +485,8 @@ def _run_trainer(
 ) -> TrainerRun:
     from datasets import Dataset
     from trl import SFTTrainer
+
+    from clap.train.callbacks import Diagnosis, TrainProgress, quiet_trainer
 
     device = mdl.default_device()
     precision = precision_plan(tp, device)
