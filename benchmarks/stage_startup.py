@@ -129,7 +129,8 @@ def main() -> int:
         "TrainerCallback classes of clap/train/diagnosis.py and grpo_diagnosis.py; they now live in "
         "clap/train/callbacks.py, imported only when a run trains. A batch that is not admitted (train) or "
         "whose probe is not run (grpo, params grpo.enabled) no longer loads torch at all; one that trains "
-        "pays the same imports later, inside run. The other stages already imported torch lazily.",
+        "pays the same imports later, inside run. The other stages already imported torch lazily: their module "
+        "level did not change, and their before/after differences are this shared machine's noise.",
         "",
     ]
     (out / "stage_startup.md").write_text("\n".join(lines))
