@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from clap import determinism, io, params, stage
+from clap import determinism, io, params, progress, stage
 from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
@@ -33,6 +33,7 @@ USAGE = "usage: python stages/eval.py ADMITTED_DIR BASE_DIR ADAPTER_DIR PRODUCTI
 
 def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path, metrics_path: Path) -> dict:
     """Evaluate every model of one batch; write the eval folder and metrics; return the metrics."""
+    progress.configure(params.section("progress", progress.ProgressParams))  # what is printed only
     started = time.perf_counter()
     ep, sp = eval_params(), scoring_params()
     dp = params.section("determinism", determinism.DeterminismParams)

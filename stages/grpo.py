@@ -18,7 +18,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import determinism, io, params, stage  # noqa: E402
+from clap import determinism, io, params, progress, stage  # noqa: E402
 from clap.model.base import default_device  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
 from clap.train.diagnosis import curves_csv  # noqa: E402
@@ -39,6 +39,7 @@ def run(
     curves_path: Path,
 ) -> dict | None:
     """Probe one batch; rank 0 writes the record and curves and gets the record back."""
+    progress.configure(params.section("progress", progress.ProgressParams))  # what is printed only
     p, sp = params.section("grpo", GrpoParams), scoring_params()
     result = run_probe(
         data_dir, admit_json, base_dir, sft_dir, adapter_dir, p, sp, params.section("train", TrainParams)

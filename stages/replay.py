@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from clap import io, params, stage
+from clap import io, params, progress, stage
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
@@ -51,6 +51,7 @@ def run(
     plot_csv: Path,
 ) -> dict:
     """Replay one batch; write cases, report, metrics and plot data; return the metrics."""
+    progress.configure(params.section("progress", progress.ProgressParams))  # what is printed only
     started = time.perf_counter()
     cp, rp, sp, lp = (
         params.section("chain", ChainParams),

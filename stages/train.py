@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from clap import determinism, io, params, stage  # noqa: E402
+from clap import determinism, io, params, progress, stage  # noqa: E402
 from clap.model.base import default_device  # noqa: E402
 from clap.task.answer import load_answer_schema  # noqa: E402
 from clap.train.budget import budget_params  # noqa: E402
@@ -42,6 +42,7 @@ def run(
     data_dir: Path, base_dir: Path, start: Path, adapter_dir: Path, metrics_path: Path, curves_path: Path
 ) -> dict | None:
     """Train one batch; rank 0 writes the record and curves and gets the record back."""
+    progress.configure(params.section("progress", progress.ProgressParams))  # what is printed only
     dp = params.section("determinism", determinism.DeterminismParams)
     determinism.apply(dp)
     result = train_batch(

@@ -117,13 +117,16 @@ class Chain:
         hits = self.index.search(question, self.p.top_k)
         return Retrieved(tuple((h.doc_id, h.text) for h in hits), (time.perf_counter() - start) * 1000.0)
 
-    def answer(self, questions: Sequence[str], *, rag: bool, batch_size: int) -> list[ChainAnswer]:
+    def answer(
+        self, questions: Sequence[str], *, rag: bool, batch_size: int, desc: str | None = None
+    ) -> list[ChainAnswer]:
         """Answer every question (same order), with or without retrieval.
 
         Args:
             questions: the questions.
             rag: retrieve top-k documents into the prompt (False: no documents at all).
             batch_size: prompts per generate call (1 for serving one request).
+            desc: progress label of the generation (None: no progress shown, as when serving).
 
         Returns:
             One :class:`ChainAnswer` per question.
@@ -139,7 +142,7 @@ class Chain:
             chats,
             batch_size=batch_size,
             max_new_tokens=self.p.max_new_tokens,
-            desc=f"chain {'rag' if rag else 'no-rag'}",
+            desc=desc,
             constraint=self.constrainer([r.docs if rag else None for r in retrieved])
             if self.constrainer
             else None,

@@ -308,7 +308,12 @@ def generate_for(
     k = min(p.free_diagnostic_items, len(chats)) if constraint is not None else 0
     if k:
         free = generate_batched(
-            model, tok, chats[:k], batch_size=p.batch_size, max_new_tokens=p.max_new_tokens, desc="free"
+            model,
+            tok,
+            chats[:k],
+            batch_size=p.batch_size,
+            max_new_tokens=p.max_new_tokens,
+            desc=f"eval {spec.role} free",
         )
         free_rate = sum(parse_answer(g.text, space.answer).ok for g in free) / k
     del model  # free the weights before the next model loads

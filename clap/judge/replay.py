@@ -47,6 +47,7 @@ from clap.chain.grounding import AnswerSpace
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import scored_columns
+from clap.progress import Progress
 from clap.task.answer import AnswerSchema
 from clap.task.scoring import ScoringParams
 
@@ -141,13 +142,16 @@ def time_requests(cond: str, chain: Chain, items: pd.DataFrame, p: LatencyParams
     ``clap serve`` answers, after the uncounted warm-up requests (wall clock of the whole chain)."""
     measured, warmup = latency_sample(len(items), p)
     questions, ids = list(items["question"]), list(items["item_id"])
+    bar = Progress(len(warmup) + len(measured), f"replay {cond} latency", "request", leave=False)
     for i in warmup:
         chain.answer([questions[i]], rag=True, batch_size=1)
+        bar.update()
     rows = []
     for k, i in enumerate(measured):
         start = time.perf_counter()
         (a,) = chain.answer([questions[i]], rag=True, batch_size=1)
         request_ms = (time.perf_counter() - start) * 1000.0
+        bar.update()
         g = a.generation
         rows.append(
             (
@@ -161,6 +165,7 @@ def time_requests(cond: str, chain: Chain, items: pd.DataFrame, p: LatencyParams
                 g.batch_size,
             )
         )
+    bar.close()
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
@@ -190,7 +195,7 @@ def run_conditions(
         chain = load_chain(base_dir, adapter, index, cp, space)
         for cond, (m, rag) in CONDITIONS.items():
             if m == model:
-                out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size)
+                out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size, desc=f"replay {cond}")
                 if rag:
                     requests.append(time_requests(cond, chain, items, lp))
         del chain  # free the weights before the next model loads

@@ -17,15 +17,15 @@ decoding cost) and the batch's wall time itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from clap.model.constrain import Constraint, Grammar, Grammars
+from clap.progress import Progress
 
 Messages = list[dict[str, str]]
 
@@ -220,7 +220,7 @@ def generate_batched(
     *,
     batch_size: int,
     max_new_tokens: int,
-    desc: str = "generate",
+    desc: str | None = "generate",
     constraint: Constraint | None = None,
 ) -> list[Generation]:
     """Greedy answers to ``chats`` in input order.
@@ -231,7 +231,7 @@ def generate_batched(
         chats: one message list per item (``clap.task.prompt.build_messages``).
         batch_size: prompts decoded together (1 = unbatched).
         max_new_tokens: generation budget per item.
-        desc: progress bar label.
+        desc: progress label (:class:`clap.progress.Progress`, items); None: no progress shown.
         constraint: decode each chat only as its grammar allows (None: free decoding).
 
     Returns:
@@ -248,7 +248,10 @@ def generate_batched(
     prefix_len = shared_prefix_length(encoded)
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]), i))  # stable: ties keep input order
     results: list[Generation | None] = [None] * len(encoded)
-    with torch.inference_mode(), tqdm(total=len(encoded), desc=desc, unit="item", leave=False) as bar:
+    progress = (
+        Progress(len(encoded), desc, "item", leave=False) if desc is not None else contextlib.nullcontext()
+    )
+    with torch.inference_mode(), progress as bar:
         start = time.perf_counter()
         prefix = None
         if prefix_len:
@@ -286,5 +289,6 @@ def generate_batched(
                     len(idx),
                     batch_index,
                 )
-            bar.update(len(idx))
+            if bar is not None:
+                bar.update(len(idx))
     return [r for r in results if r is not None]

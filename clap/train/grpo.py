@@ -30,7 +30,6 @@ from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, reward
 from clap.train.diagnosis import as_text_if_nonfinite
-from clap.train.grpo_diagnosis import GrpoDiagnosis
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.train.sft import (
     ADAPTER_FILES,
@@ -266,6 +265,8 @@ def _train(
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    from clap.train.callbacks import GrpoDiagnosis, TrainProgress, quiet_trainer
+
     device = mdl.default_device()
     model, peft_config = load_policy(base_dir, sft_dir, p, tp, device)
     diag = GrpoDiagnosis(
@@ -282,6 +283,7 @@ def _train(
             peft_config=peft_config,
             callbacks=[diag],
         )
+        quiet_trainer(trainer, TrainProgress(f"grpo {adapter_dir.name}", ("reward", "kl")))
         trainer.train()
     sha = save_adapter(trainer, adapter_dir) if args.process_index == 0 else ""
     numbers = {

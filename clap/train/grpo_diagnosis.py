@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from transformers import TrainerCallback
 
-from clap.train.diagnosis import as_text_if_nonfinite
 from clap.train.grpo_policy import GrpoThresholds
 
 LOG_KEYS = {
@@ -249,51 +247,10 @@ def inject_lora_noise(model, std: float, seed: int) -> int:
     return changed
 
 
-class GrpoDiagnosis(TrainerCallback):
-    """Collect the probe curves; stop with ``health = hold`` when a runtime signal fires.
+def __getattr__(name: str) -> Any:
+    """``GrpoDiagnosis`` lives in clap.train.callbacks (it imports transformers' trainer: seconds)."""
+    if name == "GrpoDiagnosis":
+        from clap.train import callbacks
 
-    Args:
-        thresholds: params ``grpo.thresholds``.
-        inject_at_step: fault injection: LoRA noise before this step (-1: off).
-        inject_std: standard deviation of that noise.
-        seed: seed of the injected noise.
-    """
-
-    def __init__(self, thresholds: GrpoThresholds, *, inject_at_step: int, inject_std: float, seed: int):
-        self.t, self.inject_at_step, self.inject_std, self.seed = thresholds, inject_at_step, inject_std, seed
-        self.rows: list[dict[str, Any]] = []
-        self.signal: Signal | None = None
-        self.planned_steps = 0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.planned_steps = int(state.max_steps)
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        if self.inject_at_step > 0 and state.global_step + 1 == self.inject_at_step:
-            inject_lora_noise(model, self.inject_std, self.seed)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
-            return control
-        self.rows.append(curve_row(state.global_step, logs))
-        found = first_signal(self.rows, self.t)
-        if found is not None and self.signal is None:
-            self.signal = found
-            control.should_training_stop = True
-        return control
-
-    def summary(self) -> dict[str, Any]:
-        """Flat health, stop and trajectory fields for the probe record (non-finite as text)."""
-        s = self.signal
-        out = {
-            "health": "hold" if s else "ok",
-            "runtime_verdict": "hold" if s else "stable",
-            "stop_reason": s.name if s else "completed",
-            "stop_step": s.step if s else -1,
-            "stop_value": s.value if s else 0.0,
-            "stop_threshold": s.threshold if s else 0.0,
-            "stop_detail": s.detail if s else "",
-            "planned_steps": self.planned_steps,
-            **trajectory_summary(self.rows, self.t),
-        }
-        return {k: as_text_if_nonfinite(v) for k, v in out.items()}
+        return callbacks.GrpoDiagnosis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

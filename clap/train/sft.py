@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -39,7 +39,6 @@ from clap.train import budget
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import (
     STATE_FILE,
-    Diagnosis,
     as_text_if_nonfinite,
     detector_constants,
     logged_tokens,
@@ -47,6 +46,9 @@ from clap.train.diagnosis import (
 )
 from clap.train.warm_start import WarmStart
 from clap.train.warm_start import adapter_dir as start_adapter_dir
+
+if TYPE_CHECKING:
+    from clap.train.callbacks import Diagnosis
 
 log = logging.getLogger(__name__)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -535,6 +537,8 @@ def _run_trainer(
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from clap.train.callbacks import Diagnosis, TrainProgress, quiet_trainer
+
     device = mdl.default_device()
     precision = precision_plan(tp, device)
     if precision == "qlora-nf4" and device == "cpu":
@@ -580,6 +584,7 @@ def _run_trainer(
         peft_config=lora_config(tp) if start_dir is None else None,  # a warm start is already a PeftModel
         callbacks=[diag, *extra_callbacks],
     )
+    quiet_trainer(trainer, TrainProgress(f"train {adapter_dir.name}", ("loss",)))
     masked, total = masked_label_counts(trainer.train_dataset)
     estimate = shared(  # rank 0's estimate decides on every rank: they must stop (or train) together
         budget.estimate_run(

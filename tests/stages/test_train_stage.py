@@ -48,9 +48,11 @@ def _params(tmp: Path, cost: dict | None = None, **train) -> None:
         **train,
     )
     p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
+    p["progress"].update(log_every_s=0)  # a progress line at every step
     (tmp / "params.yaml").write_text(
         yaml.safe_dump(
-            {k: p[k] for k in ("train", "detector", "determinism", "task", "release")}, sort_keys=False
+            {k: p[k] for k in ("train", "detector", "determinism", "task", "release", "progress")},
+            sort_keys=False,
         )  # the stage reads these sections only (task: the declared answer, the completions' shape; release.cost: the budget)
     )
 
@@ -94,6 +96,12 @@ def test_stage_writes_adapter_record_and_curves(tiny_base, tmp_path):
     assert rows[0] == CURVE_HEADER and len(rows) == 5
     assert "health ok" in done.stdout
     assert rec["cost_over_budget"] == 0 and rec["cost_estimate_s"] > 0 and "estimated" in done.stdout
+    # progress: stdout is the stage's one summary line (no raw trainer dicts); stderr, not a terminal here,
+    # has one plain line per step (params progress.log_every_s: 0)
+    assert done.stdout.strip().splitlines() == [done.stdout.strip()] and "{'loss'" not in done.stdout
+    steps = [ln for ln in done.stderr.splitlines() if ln.startswith("train b: ")]
+    assert [ln.split(",")[0] for ln in steps] == [f"train b: {k}/4 steps ({25 * k}%)" for k in (1, 2, 3, 4)]
+    assert all(" steps/s, elapsed " in ln and ", loss " in ln for ln in steps), steps
 
 
 def test_stage_refuses_a_run_estimated_over_budget(tiny_base, tmp_path):

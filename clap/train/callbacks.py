@@ -1,0 +1,367 @@
+"""The ``TrainerCallback`` classes of training and the GRPO probe: the detector's :class:`Diagnosis`,
+:class:`GrpoDiagnosis` and :class:`TrainProgress`. They are here, not beside their plain decision functions
+(:mod:`clap.train.diagnosis`, :mod:`clap.train.grpo_diagnosis`), because importing transformers' trainer
+costs seconds (torch, peft): only a process that trains imports this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from clap import io
+from clap.model.base import Encoded, completion_nll
+from clap.progress import Progress
+from clap.train import detector as det
+from clap.train.diagnosis import (
+    CURVE_COLUMNS,
+    STATE_FILE,
+    DiagState,
+    as_text_if_nonfinite,
+    from_text,
+    is_finite,
+    logged_tokens,
+    poison_lora,
+    probe_order,
+    shared,
+    token_mean,
+)
+from clap.train.grpo_diagnosis import (
+    Signal,
+    curve_row,
+    first_signal,
+    inject_lora_noise,
+    trajectory_summary,
+)
+from clap.train.grpo_policy import GrpoThresholds
+
+
+class TrainProgress(TrainerCallback):
+    """Optimizer steps as :class:`clap.progress.Progress` shows them (a bar on a terminal, plain lines in a
+    log), with the latest logged ``keys`` (loss, reward, ...) after the counts; on the main process only.
+    It replaces transformers' ``PrinterCallback`` (:func:`quiet_trainer`): it reads logs, never changes them.
+    """
+
+    def __init__(self, desc: str, keys: Sequence[str]):
+        self.desc, self.keys = desc, tuple(keys)
+        self.bar: Progress | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.bar = Progress(int(state.max_steps), self.desc, "step", initial=int(state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None and not control.should_log:  # a logging step is counted with its log
+            self.bar.set(int(state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs:
+            self.bar.set(int(state.global_step), **{k: logs[k] for k in self.keys if k in logs})
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def quiet_trainer(trainer, progress: TrainProgress) -> None:
+    """Show ``progress`` instead of the raw log dicts transformers prints every logging step when its
+    tqdm is disabled (``PrinterCallback``): the logs still reach every other callback and the history."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(progress)
+
+
+class Diagnosis(TrainerCallback):
+    """Per-step health checks, curves and the TBDL detector.
+
+    Args:
+        params: the ``detector`` params.
+        probe: the clean probe items (encoded), in pool order.
+        pilot: training items scored under the base model for the frozen training baseline.
+        max_tokens: padded tokens per scoring forward (a check's draw is one forward when it fits).
+        inject_nan_at_step: fault injection: poison a LoRA weight before this step (-1: off).
+        warm_start: the run continues a trained adapter (``warm_start.mode: incumbent``). The reference
+            side of every check (L_train_base, L_probe_base) is then the model the run starts
+            from, scored at train begin with that adapter on, not the bare base model: the
+            detector asks what *this run* taught, as it does for a fresh adapter (whose start
+            is the base model exactly: LoRA's B starts at zero).
+    """
+
+    def __init__(
+        self,
+        params: det.DetectorParams,
+        probe: list[Encoded],
+        pilot: list[Encoded],
+        *,
+        max_tokens: int,
+        inject_nan_at_step: int,
+        warm_start: bool = False,
+    ):
+        self.p, self.probe, self.pilot = params, probe, pilot
+        self.warm_start = warm_start
+        self._began = False  # set after train begin: the start-of-run model is gone from then on
+        self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
+        self.resumed_tokens = 0.0  # tokens trained before a resume (set at train begin)
+        self.run_tokens = 0.0  # tokens trained by this process (TRL's num_tokens restarts at 0 on resume)
+        self.order = probe_order(len(probe), params.seed)
+        self.s = DiagState()
+        self.eproc = det.make_eprocess(params)
+        self._pending: tuple[float, float] | None = None  # (probe now, probe base) of the coming step
+        self._last_time: float | None = None
+        self._last_tokens = 0.0
+
+    # --- resume -------------------------------------------------------------------------
+    def load_state(self, checkpoint: Path | str) -> None:
+        """Restore from the state file written into a checkpoint folder by :meth:`on_save`."""
+        raw = io.read_json(Path(checkpoint) / STATE_FILE)
+        raw["rows"] = [{k: from_text(v) for k, v in r.items()} for r in raw["rows"]]
+        raw["probe_base"] = [None if x is None else tuple(x) for x in raw["probe_base"]]
+        raw["drawn"] = [
+            [take, [[from_text(v) for v in x] for x in scores]] for take, scores in raw.get("drawn", [])
+        ]
+        self.s = DiagState(**raw)
+        self.eproc = det.make_eprocess(self.p, self.s.eprocess)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.s.eprocess = self.eproc.state()
+            raw = asdict(self.s)
+            raw["rows"] = [{k: as_text_if_nonfinite(v) for k, v in r.items()} for r in raw["rows"]]
+            raw["drawn"] = [
+                [take, [[as_text_if_nonfinite(v) for v in x] for x in scores]]
+                for take, scores in raw["drawn"]
+            ]
+            io.write_json(Path(args.output_dir) / f"checkpoint-{state.global_step}" / STATE_FILE, raw)
+
+    # --- events ---------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.s.planned_steps = int(state.max_steps)
+        # tokens already trained before a resume: throughput counts only this process's tokens
+        self.resumed_tokens = logged_tokens(state.log_history)
+        self._last_time, self._last_tokens = time.perf_counter(), 0.0
+        if self.s.train_base is None and (self.p.enabled or self.warm_start):  # a resumed run restored them
+            self._score_base(model)
+        self._began = True
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if self.inject_nan_at_step > 0 and state.global_step + 1 == self.inject_nan_at_step:
+            poison_lora(model)
+        if self._due(state.global_step + 1):
+            # the probe is scored at the parameters the coming step's training loss is computed at
+            self._pending = self._draw_probe(model)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
+            return control
+        self.run_tokens = float(logs.get("num_tokens", self.run_tokens))
+        row = self._curve_row(state.global_step, logs)
+        self.s.rows.append(row)
+        grad = logs.get("grad_norm")  # absent when gradient clipping is off
+        if not is_finite(logs["loss"]) or (grad is not None and not is_finite(grad)):
+            self._stop(control, state.global_step, "nan")
+            return control
+        if self._pending is not None:
+            self._check(float(logs["loss"]), row, state.global_step, control)
+        return control
+
+    # --- detector -------------------------------------------------------------------------
+    def drawable(self) -> list[int]:
+        """Pool indices of every probe item the run can draw, in draw order.
+
+        One draw per check, a check every ``every_steps`` of the planned steps, until the pool
+        runs out (:meth:`_due`); items past that are never drawn.
+        """
+        if not self.p.enabled:  # a warm start's record still needs the start-of-run probe loss of the pool
+            return list(range(len(self.probe)))
+        checks = min(self.s.planned_steps // self.p.every_steps, len(self.probe) // self.p.probe_draw)
+        return self.order[: checks * self.p.probe_draw]
+
+    def _score_base(self, model) -> None:
+        """The base side of every check, once, before training: L_train_base and L_probe_base.
+
+        The base model's losses never change during a run, so the pilot items and every probe
+        item the run can draw are scored together, in one batched pass with the LoRA layers
+        switched off; each check then only looks its items' base losses up.
+        """
+        take = self.drawable()
+        scores = self._score_as_base(model, self.pilot + [self.probe[i] for i in take])
+        probe_base: list[tuple[float, int] | None] = [None] * len(self.probe)
+        for i, score in zip(take, scores[len(self.pilot) :]):
+            probe_base[i] = score
+        self.s.train_base = shared(token_mean(scores[: len(self.pilot)]))
+        self.s.probe_base = shared(probe_base)
+
+    def _due(self, step: int) -> bool:
+        left = (len(self.probe) - self.s.draws * self.p.probe_draw) >= self.p.probe_draw
+        return self.p.enabled and self.s.health == "ok" and step % self.p.every_steps == 0 and left
+
+    def _draw_probe(self, model) -> tuple[float, float]:
+        """(current, base) token-mean loss of the next fresh, non-overlapping probe draw."""
+        take = self.order[self.s.draws * self.p.probe_draw : (self.s.draws + 1) * self.p.probe_draw]
+        self.s.draws += 1
+        scores = self._score(model, [self.probe[i] for i in take])
+        self.s.drawn.append([list(take), [list(x) for x in scores]])
+        return shared(token_mean(scores)), token_mean([self._base_of(i) for i in take])
+
+    def _base_of(self, item: int) -> tuple[float, int]:
+        score = self.s.probe_base[item]
+        if score is None:  # _score_base scores every drawable item: a miss is a bug, not a zero
+            raise RuntimeError(f"probe item {item} was drawn but its base loss was never scored")
+        return score
+
+    def _check(self, train_now: float, row: dict[str, Any], step: int, control) -> None:
+        probe_now, probe_base = self._pending
+        self._pending = None
+        if not is_finite(probe_now):
+            self._stop(control, step, "nan")
+            return
+        gap = det.gap_increment(self.s.train_base, train_now, probe_base, probe_now)
+        alarm = self.eproc.update(det.to_unit(gap, self.p.clip))
+        row.update(
+            probe_loss=probe_now,
+            gap_increment=gap,
+            log_e=self.eproc.log_e,
+            log_threshold=self.eproc.log_threshold,
+        )
+        if alarm and self.s.alarm_step < 0:
+            self.s.alarm_step = step
+            if self.p.stop_on_alarm:
+                self._stop(control, step, "alarm")
+
+    def _score(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
+        import torch
+
+        start, was_training = time.perf_counter(), model.training
+        model.eval()  # no LoRA dropout while scoring
+        device = next(model.parameters()).device
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            scores = completion_nll(model, items, max_tokens=self.max_tokens)
+        model.train(was_training)
+        self.s.score_seconds += time.perf_counter() - start
+        return scores
+
+    def _score_as_base(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
+        """Scores under the run's reference weights: the base model (the LoRA layers switched off,
+        not a second model), or for a warm start the starting adapter, which exists only before training."""
+        if not self.warm_start:
+            with model.disable_adapter():
+                return self._score(model, items)
+        if self._began:
+            raise RuntimeError("a warm start's reference losses can only be scored before the first step")
+        return self._score(model, items)
+
+    def score_probe(self, model) -> tuple[float, float]:
+        """(base, trained) token-mean probe loss for the record: paired, over the same items.
+
+        With detector draws: the draws of the last quarter of checks, each scored at its own
+        check (already paid for; rescoring the pool at the end cost ~30% of the detector's
+        time). Without (detector off, or no check ran): the whole pool, base vs now.
+        """
+        if not self.probe:
+            return float("nan"), float("nan")
+        tail = self.s.drawn[-max(1, len(self.s.drawn) // 4) :]
+        if tail:
+            items = [i for take, _ in tail for i in take]
+            return token_mean([self._base_of(i) for i in items]), token_mean(
+                [tuple(x) for _, sc in tail for x in sc]
+            )
+        if self.warm_start:  # scored at train begin (:meth:`_score_base`)
+            base = [self._base_of(i) for i in range(len(self.probe))]
+        else:
+            base = self._score_as_base(model, self.probe)
+        return token_mean(base), shared(token_mean(self._score(model, self.probe)))
+
+    # --- helpers --------------------------------------------------------------------------
+    def _stop(self, control, step: int, health: str) -> None:
+        self.s.health, self.s.stop_step = health, step
+        control.should_training_stop = True
+
+    def _curve_row(self, step: int, logs: dict[str, Any]) -> dict[str, Any]:
+        now, tokens = time.perf_counter(), float(logs.get("num_tokens", 0.0))
+        rate = (tokens - self._last_tokens) / max(now - (self._last_time or now), 1e-9)
+        self._last_time, self._last_tokens = now, tokens
+        row = {c: None for c in CURVE_COLUMNS}
+        row.update(
+            step=step,
+            loss=logs["loss"],
+            grad_norm=logs.get("grad_norm"),
+            learning_rate=logs.get("learning_rate"),
+            tokens_per_s=rate,
+        )
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        """Flat detector/health fields for the training record."""
+        planned = max(self.s.planned_steps, 1)
+        return {
+            "health": self.s.health,
+            "stop_step": self.s.stop_step,
+            "detector_enabled": self.p.enabled,
+            "detector_checks": self.eproc.t,
+            "detector_seconds": round(self.s.score_seconds, 3),
+            "detector_max_log_e": max(
+                [r["log_e"] for r in self.s.rows if r["log_e"] is not None], default=0.0
+            ),
+            "detector_log_threshold": self.eproc.log_threshold,
+            "detector_alarm_step": self.s.alarm_step,
+            "alarm_fraction": self.s.alarm_step / planned if self.s.alarm_step >= 0 else -1.0,
+            "train_loss_start": self.s.train_base if self.s.train_base is not None else float("nan"),
+        }
+
+
+class GrpoDiagnosis(TrainerCallback):
+    """Collect the probe curves; stop with ``health = hold`` when a runtime signal fires.
+
+    Args:
+        thresholds: params ``grpo.thresholds``.
+        inject_at_step: fault injection: LoRA noise before this step (-1: off).
+        inject_std: standard deviation of that noise.
+        seed: seed of the injected noise.
+    """
+
+    def __init__(self, thresholds: GrpoThresholds, *, inject_at_step: int, inject_std: float, seed: int):
+        self.t, self.inject_at_step, self.inject_std, self.seed = thresholds, inject_at_step, inject_std, seed
+        self.rows: list[dict[str, Any]] = []
+        self.signal: Signal | None = None
+        self.planned_steps = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.planned_steps = int(state.max_steps)
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if self.inject_at_step > 0 and state.global_step + 1 == self.inject_at_step:
+            inject_lora_noise(model, self.inject_std, self.seed)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
+            return control
+        self.rows.append(curve_row(state.global_step, logs))
+        found = first_signal(self.rows, self.t)
+        if found is not None and self.signal is None:
+            self.signal = found
+            control.should_training_stop = True
+        return control
+
+    def summary(self) -> dict[str, Any]:
+        """Flat health, stop and trajectory fields for the probe record (non-finite as text)."""
+        s = self.signal
+        out = {
+            "health": "hold" if s else "ok",
+            "runtime_verdict": "hold" if s else "stable",
+            "stop_reason": s.name if s else "completed",
+            "stop_step": s.step if s else -1,
+            "stop_value": s.value if s else 0.0,
+            "stop_threshold": s.threshold if s else 0.0,
+            "stop_detail": s.detail if s else "",
+            "planned_steps": self.planned_steps,
+            **trajectory_summary(self.rows, self.t),
+        }
+        return {k: as_text_if_nonfinite(v) for k, v in out.items()}
