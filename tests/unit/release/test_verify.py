@@ -404,6 +404,31 @@ def test_a_workspace_without_a_default_remote_has_none(tmp_path):
     assert "remote = r" in (tmp_path / "clone/.dvc/config.local").read_text()
 
 
+def test_an_s3_remote_reaches_the_checkout_with_its_endpoint_and_local_credentials(tmp_path):
+    """README "Data remote": the S3 remote in .dvc/config, its credentials in the git-ignored
+    .dvc/config.local; verify's checkout gets both (in its own config.local, never committed)."""
+    for d in ("ws/.dvc", "clone/.dvc"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "ws/.dvc/config").write_text(
+        "[core]\n    remote = storage\n['remote \"storage\"']\n    url = s3://bucket/clap\n"
+        "    endpointurl = http://127.0.0.1:9000\n"
+    )
+    (tmp_path / "ws/.dvc/config.local").write_text(
+        "['remote \"storage\"']\n    access_key_id = AKID\n    secret_access_key = SECRET\n"
+    )
+    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") == "storage"
+    local = (tmp_path / "clone/.dvc/config.local").read_text()
+    for line in (
+        "remote = storage",
+        "url = s3://bucket/clap",
+        "endpointurl = http://127.0.0.1:9000",
+        "access_key_id = AKID",
+        "secret_access_key = SECRET",
+    ):
+        assert line in local, local
+    assert not (tmp_path / "clone/.dvc/config").exists()  # nothing lands in the committed config
+
+
 @pytest.mark.parametrize("remote", [None, "r"])
 def test_no_remote_or_a_failing_pull_rebuilds_from_raw_data(tmp_path, vp, monkeypatch, remote):
     lock = {f"{s}@b": {"outs": []} for s in vp.stages} | {"base": {"outs": [{"path": "models/base"}]}}
