@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 
 import pandas as pd
@@ -470,3 +472,129 @@ def test_tracked_outputs_are_the_outputs_git_has(tmp_path):
     (tmp_path / "models/adapters/b").mkdir(parents=True)  # a DVC-cached output: never in git
     paths = ["metrics/train/b.json", "reports/gate/b", "models/adapters/b", "reports/gate"]
     assert vf.tracked_outputs(tmp_path, paths) == {"metrics/train/b.json", "reports/gate/b", "reports/gate"}
+
+
+# --- with a remote: the production incumbent ---------------------------------------------
+INCUMBENT_STAGES = r"""
+import hashlib, json, sys
+from pathlib import Path
+
+stage, b = sys.argv[1], sys.argv[2]
+def write(path, data):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(data)
+if stage == "admit":
+    write(f"data/admitted/{b}/sft.jsonl", Path(f"data/raw/{b}.txt").read_bytes().upper())
+elif stage == "train":
+    write(f"models/adapters/{b}/adapter.bin", hashlib.sha256(Path(f"data/admitted/{b}/sft.jsonl").read_bytes()).digest())
+elif stage == "eval":  # reads the incumbent's adapter through releases/production.json, as the real eval does
+    incumbent = json.loads(Path("releases/production.json").read_text())["batch"]
+    against = hashlib.sha256(Path(f"models/adapters/{incumbent}/adapter.bin").read_bytes()).hexdigest() if incumbent else ""
+    write(f"data/eval/{b}/items.jsonl", Path(f"models/adapters/{b}/adapter.bin").read_bytes().hex().encode())
+    write(f"metrics/eval/{b}.json", json.dumps({"incumbent": incumbent, "incumbent_sha256": against, "wall_s": 1.0}).encode())
+"""
+
+
+def _incumbent_repo(base) -> tuple:
+    """A git + DVC repository (stdlib-only stages admit -> train -> eval per batch, both batches
+    pushed to a local-directory remote) whose releases/production.json names the first batch:
+    the incumbent's adapter is a DVC-cached output of train@<first>, whose own input
+    ``data/admitted/<first>`` is a DVC-cached output of admit@<first> (the real pipeline's shape)."""
+    import sys
+
+    from .release_fixtures import commit_all, git, repro, run
+
+    repo, remote = base / "repo", base / "remote"
+    repo.mkdir()
+    remote.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for k, v in {"user.email": "t@clap.invalid", "user.name": "clap test", "commit.gpgsign": "false"}.items():
+        git(repo, "config", k, v)
+    run(repo, vf.sys.executable, "-m", "dvc", "init", "-q")
+    (repo / ".dvc" / "config").write_text(
+        f"[core]\n    analytics = false\n    remote = local\n[cache]\n    type = copy\n"
+        f"['remote \"local\"']\n    url = {remote}\n"
+    )
+    batches = ["2026-01", "2026-02"]
+
+    def stage(name: str, deps: list[str], outs: list) -> dict:
+        cmd = f"{sys.executable} stage.py {name} ${{item}}"
+        return {"foreach": "${batches}", "do": {"cmd": cmd, "deps": ["stage.py", *deps], "outs": outs}}
+
+    (repo / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "stages": {
+                    "admit": stage("admit", ["data/raw/${item}.txt"], ["data/admitted/${item}"]),
+                    "train": stage("train", ["data/admitted/${item}"], ["models/adapters/${item}"]),
+                    "eval": stage(
+                        "eval",
+                        ["models/adapters/${item}", "releases/production.json"],
+                        ["data/eval/${item}", {"metrics/eval/${item}.json": {"cache": False}}],
+                    ),
+                }
+            },
+            sort_keys=False,
+        )
+    )
+    (repo / "params.yaml").write_text(yaml.safe_dump({"batches": batches}))
+    (repo / "stage.py").write_text(INCUMBENT_STAGES)
+    for b in batches:
+        io.atomic_write_text(repo / "data" / "raw" / f"{b}.txt", f"questions of {b}\n")
+    io.write_json(repo / "releases" / "production.json", {"batch": None})
+    commit_all(repo, "init")
+    repro(repo)
+    io.write_json(repo / "releases" / "production.json", {"batch": batches[0]})  # released: eval re-runs
+    commit_all(repo, "release")
+    repro(repo)
+    run(repo, vf.sys.executable, "-m", "dvc", "push", "-q")
+    return repo, batches
+
+
+def test_with_a_remote_a_batch_verifies_against_another_batch_in_production(tmp_path, vp, monkeypatch):
+    """The incumbent's train stage is pulled for its adapter (eval reads it), not re-run: its own
+    DVC-cached input (the incumbent's admitted data) is not pulled and must not fail the status
+    check; what was pulled and what git holds still must match dvc.lock."""
+    from .release_fixtures import clean_git_env, git
+
+    clean_git_env(monkeypatch)
+    repo, (incumbent, batch) = _incumbent_repo(tmp_path)
+    vp = dataclasses.replace(vp, stages=["admit", "train", "eval"])
+    result = vf.verify(repo, batch, vp, log=lambda line: None)
+    assert result.mode == vf.MODE_REMOTE.format(name="local") and result.batches == [batch]
+    assert not result.failures, vf.render_table(result)
+    assert {r.artifact: r.status for r in result.rows}[f"metrics/eval/{batch}.json:incumbent"] == "match"
+    # what was pulled or is in git must still match dvc.lock: a hand-edited metrics file is caught
+    rel = f"metrics/eval/{batch}.json"
+    io.write_json(repo / rel, {**io.read_json(repo / rel), "incumbent_sha256": "0" * 64})
+    git(repo, "commit", "-qam", "forged")
+    with pytest.raises(ClapError) as e:
+        vf.verify(repo, batch, vp, log=lambda line: None)
+    assert e.value.rule == "lock_mismatch" and rel in str(e.value)
+
+
+def test_after_a_pull_only_the_outputs_of_stages_not_pulled_may_be_missing(tmp_path, monkeypatch):
+    lock = {
+        "admit@a": {"outs": [{"path": "data/admitted/a"}, {"path": "metrics/admit/a.json"}]},
+        "train@a": {"outs": [{"path": "models/adapters/a"}]},
+        "admit@b": {"outs": [{"path": "data/admitted/b"}]},
+        "train@b": {"outs": [{"path": "models/adapters/b"}]},
+    }
+    monkeypatch.setattr(vf, "tracked_outputs", lambda clone, paths: {"metrics/admit/a.json"})
+    absent = vf.not_pulled(tmp_path, lock, ["train@a", "data/raw/b.dvc", "admit@b", "train@b"])
+    assert absent == {"data/admitted/a"}  # not models/adapters/a (pulled), not metrics/admit/a.json (git)
+    status = {"train@a": [{"changed deps": {"data/admitted/a": "deleted"}}]}
+    monkeypatch.setattr(vf, "dvc_status", lambda clone, stages: status)
+    vf.require_clean_status(tmp_path, ["train@a"], absent)  # the incumbent's own input: never read
+    with pytest.raises(ClapError, match="lock_mismatch"):
+        vf.require_clean_status(tmp_path, ["train@a"])  # nothing declared absent: strict
+    for bad in (
+        {"train@a": [{"changed outs": {"models/adapters/a": "not in cache"}}]},  # pulled: must be there
+        {"train@a": [{"changed deps": {"data/admitted/a": "modified"}}]},  # present and different
+        {"train@a": [{"changed deps": {"stage.py": "modified"}}]},  # git
+        {"train@a": ["changed command"]},
+    ):
+        status = bad
+        with pytest.raises(ClapError) as e:
+            vf.require_clean_status(tmp_path, ["train@a"], absent)
+        assert e.value.rule == "lock_mismatch" and json.dumps(bad["train@a"][0])[:20] in str(e.value)
