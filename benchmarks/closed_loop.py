@@ -317,6 +317,7 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
         "cache_dir": str(cache_dir),
         "batches": list(args.batches),
         "overrides": dict(args.overrides),
+        "note": args.note or "",
         "force_release": bool(args.force_release),
         "scope": args.scope,
         "machine": machine(),
@@ -522,6 +523,8 @@ def render(result: dict[str, Any]) -> str:
         "generated and trusted there only. Each batch's candidate is gated against its baseline: the "
         "adapter in production at that point (`incumbent`) or the base model when nothing is released.",
     ]
+    if result.get("note"):
+        lines += ["", f"Why this run: {result['note']}"]
     if result["force_release"]:
         lines += [
             "",
@@ -637,6 +640,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="mechanics test only: release batches the gate did not allow (rewrites their gate record in the scratch "
         "clone; marked FORCED in the report)",
+    )
+    p.add_argument(
+        "--note", help="why this run (which batches, which params): printed at the top of the report"
     )
     p.add_argument(
         "--allow-no-rollback", action="store_true", help="exit 0 even when fewer than two releases happened"

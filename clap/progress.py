@@ -45,6 +45,30 @@ def configure(p: ProgressParams) -> None:
             rule="bad_params",
         )
     _log_every_s = float(p.log_every_s)
+    if not _isatty(sys.stderr):
+        quiet_library_bars()
+
+
+def quiet_library_bars() -> None:
+    """Turn off the Hugging Face libraries' own tqdm bars ("Loading weights", "Tokenizing train dataset"):
+    in a log each is a line of carriage-return frames. Libraries not imported yet read the environment at
+    import; those already imported are told directly."""
+    import os
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers and huggingface_hub
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:  # transformers asks it at import
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
 
 
 def log_every_s() -> float | None:

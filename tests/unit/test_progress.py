@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -112,3 +115,17 @@ def test_repository_params_configure_progress():
 
     p = params.section("progress", ProgressParams)
     assert p.log_every_s > 0
+
+
+def test_a_log_silences_the_hugging_face_bars():
+    """In a log, transformers' and datasets' own bars ("Loading weights", "Tokenizing ...") are off."""
+    code = (
+        "from clap import progress\n"
+        "import datasets\n"  # one imported before configure, one after: both must end up off
+        "progress.configure(progress.ProgressParams(log_every_s=30))\n"
+        "from transformers.utils import logging\n"
+        "print(logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if "PROGRESS_BARS" not in k}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.split() == ["False", "False"]
