@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def rows_of(means, stds, zero=None) -> list[dict]:
 
 
 def held_at(rows, t, tests) -> tuple[str, int] | None:
-    """The first reward signal over the run's prefixes (as the callback checks it), or None."""
+    """(name, step) of the first signal over the run's prefixes (as the callback checks them), or None."""
     for i in range(1, len(rows) + 1):
         found = first_signal(rows[:i], t, tests)
         if found is not None:
@@ -198,3 +199,28 @@ def test_a_flat_reward_with_noisy_groups_is_a_plateau():
     tests = reward_tests(t, 8, 4)
     flat = rows_of([0.5] * 4, [0.3] * 4)
     assert held_at(flat, t, tests) == ("reward_plateau", 4)
+
+
+# --- the committed real probes (benchmarks/grpo_probe_runs.py) under the committed rules -------------------
+RUNS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "grpo_runs"
+
+
+def committed_rules():
+    from clap import params
+    from clap.train.grpo_policy import GrpoParams
+
+    p = params.section("grpo", GrpoParams, RUNS.parents[2] / "params.yaml")
+    return p.thresholds, reward_tests(p.thresholds, p.max_steps, p.prompts_per_step * p.num_generations)
+
+
+def curve(name: str) -> list[dict]:
+    import csv
+
+    with (RUNS / f"{name}.csv").open() as fh:
+        return [{k: (int(v) if k == "step" else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+
+def test_the_committed_calm_probe_is_not_held_and_the_lr_x100_probe_is_held_by_kl_at_step_2():
+    t, tests = committed_rules()
+    assert held_at(curve("calm"), t, tests) is None
+    assert held_at(curve("kl_lr100"), t, tests) == ("kl_peak", 2)
