@@ -224,3 +224,5 @@ def test_the_committed_calm_probe_is_not_held_and_the_lr_x100_probe_is_held_by_k
     t, tests = committed_rules()
     assert held_at(curve("calm"), t, tests) is None
     assert held_at(curve("kl_lr100"), t, tests) == ("kl_peak", 2)
+    unstopped = curve("kl_lr100_unstopped")  # the same setting run on with every stopping rule off
+    assert held_at(unstopped, t, tests) == ("kl_peak", 2) and unstopped[-1]["kl"] > 3 * unstopped[1]["kl"]
