@@ -38,6 +38,7 @@ from clap.train.grpo_diagnosis import (
     inject_lora_noise,
     trajectory_summary,
 )
+from clap.train.grpo_noise import RewardTests
 from clap.train.grpo_policy import GrpoThresholds
 
 
@@ -322,13 +323,23 @@ class GrpoDiagnosis(TrainerCallback):
 
     Args:
         thresholds: params ``grpo.thresholds``.
+        tests: the noise-aware reward rules' design (:func:`clap.train.grpo_noise.reward_tests`).
         inject_at_step: fault injection: LoRA noise before this step (-1: off).
         inject_std: standard deviation of that noise.
         seed: seed of the injected noise.
     """
 
-    def __init__(self, thresholds: GrpoThresholds, *, inject_at_step: int, inject_std: float, seed: int):
-        self.t, self.inject_at_step, self.inject_std, self.seed = thresholds, inject_at_step, inject_std, seed
+    def __init__(
+        self,
+        thresholds: GrpoThresholds,
+        tests: RewardTests,
+        *,
+        inject_at_step: int,
+        inject_std: float,
+        seed: int,
+    ):
+        self.t, self.tests = thresholds, tests
+        self.inject_at_step, self.inject_std, self.seed = inject_at_step, inject_std, seed
         self.rows: list[dict[str, Any]] = []
         self.signal: Signal | None = None
         self.planned_steps = 0
@@ -344,7 +355,7 @@ class GrpoDiagnosis(TrainerCallback):
         if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
             return control
         self.rows.append(curve_row(state.global_step, logs))
-        found = first_signal(self.rows, self.t)
+        found = first_signal(self.rows, self.t, self.tests)
         if found is not None and self.signal is None:
             self.signal = found
             control.should_training_stop = True
@@ -362,6 +373,7 @@ class GrpoDiagnosis(TrainerCallback):
             "stop_threshold": s.threshold if s else 0.0,
             "stop_detail": s.detail if s else "",
             "planned_steps": self.planned_steps,
+            **self.tests.record(),
             **trajectory_summary(self.rows, self.t),
         }
         return {k: as_text_if_nonfinite(v) for k, v in out.items()}

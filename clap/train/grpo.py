@@ -30,6 +30,7 @@ from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, reward
 from clap.train.diagnosis import as_text_if_nonfinite
+from clap.train.grpo_noise import reward_tests
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
 from clap.train.sft import (
     ADAPTER_FILES,
@@ -270,7 +271,11 @@ def _train(
     device = mdl.default_device()
     model, peft_config = load_policy(base_dir, sft_dir, p, tp, device)
     diag = GrpoDiagnosis(
-        p.thresholds, inject_at_step=p.inject_kl_at_step, inject_std=p.inject_kl_noise_std, seed=p.seed
+        p.thresholds,
+        reward_tests(p.thresholds, p.max_steps, p.prompts_per_step * p.num_generations),
+        inject_at_step=p.inject_kl_at_step,
+        inject_std=p.inject_kl_noise_std,
+        seed=p.seed,
     )
     with tempfile.TemporaryDirectory(prefix="clap-grpo-") as scratch:  # the probe saves no checkpoints
         args = grpo_config(p, Path(scratch), device)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from clap.train.grpo_noise import RewardTests, decline_pvalue, plateau_pvalue
 from clap.train.grpo_policy import GrpoThresholds
 
 LOG_KEYS = {
@@ -115,18 +116,23 @@ def kl_signals(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> Signal | No
     return None
 
 
-def reward_signals(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> Signal | None:
-    """Reward collapse (drop below the best so far), zero-variance groups for too long, or a flat reward."""
+def reward_signals(rows: Sequence[dict[str, Any]], t: GrpoThresholds, tests: RewardTests) -> Signal | None:
+    """Reward collapse or plateau beyond sampling noise (:mod:`clap.train.grpo_noise`), or zero-variance
+    groups for too long."""
     step, reward = rows[-1]["step"], _series(rows, "reward")
-    if reward and max(reward) - reward[-1] > t.max_reward_drop:
-        drop = max(reward) - reward[-1]
-        return Signal(
-            "reward_collapse",
-            step,
-            drop,
-            t.max_reward_drop,
-            f"reward {reward[-1]:.4g} is {drop:.4g} below its best {max(reward):.4g}",
-        )
+    drop = max(reward) - reward[-1] if reward else 0.0
+    if step in tests.collapse_steps and drop > t.max_reward_drop:
+        declining, p = decline_pvalue(reward)
+        if p <= tests.collapse_step_level:
+            return Signal(
+                "reward_collapse",
+                step,
+                p,
+                tests.collapse_step_level,
+                f"reward {reward[-1]:.4g} is {drop:.4g} below its best {max(reward):.4g} (> {t.max_reward_drop:g}) "
+                f"and falling beyond sampling noise: {declining} of {len(reward) * (len(reward) - 1) // 2} "
+                f"step pairs decline, Kendall p {p:.3g} <= {tests.collapse_step_level:.3g}",
+            )
     flat = _run_length(
         rows, lambda r: r.get("frac_reward_zero_std") is not None and r["frac_reward_zero_std"] >= 1.0
     )
@@ -138,15 +144,20 @@ def reward_signals(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> Signal 
             float(t.zero_std_patience),
             f"every group had zero reward variance for {flat} steps (no learning signal)",
         )
-    if t.plateau_window >= 2 and len(reward) >= t.plateau_window:
-        spread = max(reward[-t.plateau_window :]) - min(reward[-t.plateau_window :])
-        if spread <= t.plateau_tol:
+    if step in tests.plateau_steps:
+        window = rows[-t.plateau_window :]
+        found = plateau_pvalue(
+            [r.get("reward") for r in window], [r.get("reward_std") for r in window], tests.group_size
+        )
+        if found is not None and found[1] <= tests.plateau_step_level:
+            f, p = found
             return Signal(
                 "reward_plateau",
                 step,
-                spread,
-                t.plateau_tol,
-                f"reward range {spread:.4g} over {t.plateau_window} steps <= {t.plateau_tol:g}",
+                p,
+                tests.plateau_step_level,
+                f"mean reward over {t.plateau_window} steps varies less than its groups' sampling noise: "
+                f"F {f:.3g}, lower-tail p {p:.3g} <= {tests.plateau_step_level:.3g}",
             )
     return None
 
@@ -179,14 +190,14 @@ def length_signals(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> Signal 
     return None
 
 
-def first_signal(rows: Sequence[dict[str, Any]], t: GrpoThresholds) -> Signal | None:
+def first_signal(rows: Sequence[dict[str, Any]], t: GrpoThresholds, tests: RewardTests) -> Signal | None:
     """The first runtime signal that fires at the latest row (non-finite, KL, reward, length), or None."""
     if not rows:
         return None
     for check in (
         nonfinite_signal,
         lambda r: kl_signals(r, t),
-        lambda r: reward_signals(r, t),
+        lambda r: reward_signals(r, t, tests),
         lambda r: length_signals(r, t),
     ):
         found = check(rows)

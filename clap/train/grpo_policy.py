@@ -36,9 +36,9 @@ class GrpoThresholds:
     kl_window: int
     max_kl_slope: float
     max_reward_drop: float
+    reward_false_hold: float
     zero_std_patience: int
     plateau_window: int
-    plateau_tol: float
     max_length_drift: float
     max_clipped_ratio: float
     clipped_patience: int
