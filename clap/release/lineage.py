@@ -10,21 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from clap.errors import ClapError
-from clap.release.registry import read_history, verify_pointer
+from clap.release.registry import read_history, release_stack, verify_pointer
 from clap.train.warm_start import MODES, WarmStart
 
 
 def _first_release_replaced(history: list[dict[str, Any]], batch: str) -> tuple[bool, dict[str, Any] | None]:
-    """(was ``batch`` ever released, the pointer its first release replaced or None)."""
-    stack: list[dict[str, Any]] = []
-    for event in history:
-        kind, pointer = event.get("event"), event.get("pointer")
-        if kind == "release":
-            if isinstance(pointer, dict) and pointer.get("batch") == batch:
-                return True, (stack[-1] if stack else None)
-            stack.append(pointer if isinstance(pointer, dict) else {})
-        elif kind == "rollback" and stack:
-            stack.pop()
+    """(was ``batch`` ever released, the pointer its first release replaced or None): the release stack
+    (:func:`clap.release.registry.release_stack`) just before that release."""
+    for n, event in enumerate(history):
+        pointer = event.get("pointer")
+        if event.get("event") == "release" and isinstance(pointer, dict) and pointer.get("batch") == batch:
+            stack = release_stack(history[:n])
+            return True, (stack[-1] if stack else None)
     return False, None
 
 
