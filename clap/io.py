@@ -301,12 +301,10 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "detector_enabled",
     "detector_alpha",
     "detector_clip",
-    "detector_every_steps",
     "detector_lambdas",
     "detector_weights",
     "detector_m0",
     "detector_null_gap",
-    "detector_pilot_items",
     "detector_probe_draw",
 )
 _SHA256_VALUE = re.compile(r"[0-9a-f]{64}")

@@ -336,7 +336,7 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["admit"]["min_coverage"] = {**p["admit"]["min_coverage"], "line": 0.5}
     p["base"]["model"] = str(tiny_base)
     p["train"].update(max_steps=6, save_steps=3)
-    p["detector"].update(pilot_items=4, every_steps=2, probe_draw=2)
+    p["detector"].update(probe_draw=2)
     p["eval"].update(batch_size=8)
     p["grpo"].update(
         enabled=[E2E_BATCH], max_steps=2, num_generations=2, prompts_per_step=1, max_completion_length=8

@@ -20,7 +20,7 @@ alone fits in it before the first optimizer step:
   CPU the rate is a little low and the estimate errs high.
 
 A run resumed from a checkpoint is estimated whole (conservative). Not in the estimate: the
-TBDL detector's scoring of probe and pilot items and checkpoint saving
+TBDL detector's scoring of probe items and check batches and checkpoint saving
 (inside ``wall_s``), and the eval stage's share of the budget (the release's cost report,
 ``cost.json``, counts it, and shows this estimate beside the wall time it turned out to be).
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from clap.train.diagnosis import (
     DiagState,
     as_text_if_nonfinite,
     from_text,
+    gathered,
     is_finite,
     logged_tokens,
     poison_lora,
@@ -80,42 +82,108 @@ def quiet_trainer(trainer, progress: TrainProgress) -> None:
     trainer.add_callback(progress)
 
 
+def batch_items(inputs: dict[str, Any]) -> list[Encoded]:
+    """The sequences of a collated training batch as :class:`Encoded` items (prompt = the unlabelled head).
+
+    Rows are right-padded (``attention_mask``) or padding-free packed (``position_ids`` restart at 0
+    for each sequence). The loss positions (``labels != -100``) of each sequence must be one
+    contiguous tail after position 0 (completion-only loss, or ``loss_on_prompt``), as :func:`completion_nll`
+    scores them; anything else is an error, never a silently different pairing.
+    """
+    ids, labels = inputs["input_ids"].tolist(), inputs["labels"].tolist()
+    mask = inputs["attention_mask"].tolist() if inputs.get("attention_mask") is not None else None
+    pos = inputs["position_ids"].tolist() if inputs.get("position_ids") is not None else None
+    items: list[Encoded] = []
+    for r, row in enumerate(ids):
+        n = sum(mask[r]) if mask is not None else len(row)
+        starts = [t for t in range(n) if pos is None and t == 0 or pos is not None and pos[r][t] == 0]
+        for a, b in zip(starts, [*starts[1:], n]):
+            lab = labels[r][a:b]
+            first = next((t for t, v in enumerate(lab) if v != -100), len(lab))
+            if first == 0 or first == len(lab) or any(v == -100 for v in lab[first:]):
+                raise RuntimeError(
+                    f"training row {r}: its loss positions are not one tail after the first token; "
+                    "the detector cannot pair them"
+                )
+            items.append(Encoded(tuple(int(t) for t in row[a:b]), first))
+    return items
+
+
+def trainable_weights(model) -> dict[str, Any]:
+    """A detached copy of the model's trainable weights, by parameter name (a warm start's reference)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@contextmanager
+def swapped_weights(model, weights: dict[str, Any]):
+    """``weights`` in place of the model's parameters of those names for the block, then its own back."""
+    import torch
+
+    params = dict(model.named_parameters())
+    own = {n: params[n].detach().clone() for n in weights}
+    with torch.no_grad():
+        for n, w in weights.items():
+            params[n].copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for n, w in own.items():
+                params[n].copy_(w)
+
+
+def paired_trainer(trainer_cls, diag: Diagnosis):
+    """``trainer_cls`` whose ``compute_loss`` first shows each batch to ``diag`` (:meth:`Diagnosis.see_batch`)."""
+
+    class Paired(trainer_cls):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            diag.see_batch(self.model, inputs, self.state.global_step + 1)
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+    Paired.__name__ = Paired.__qualname__ = f"Paired{trainer_cls.__name__}"
+    return Paired
+
+
 class Diagnosis(TrainerCallback):
     """Per-step health checks, curves and the TBDL detector.
 
     Args:
         params: the ``detector`` params.
         probe: the clean probe items (encoded), in pool order.
-        pilot: training items scored under the base model for the frozen training baseline.
         max_tokens: padded tokens per scoring forward (a check's draw is one forward when it fits).
         inject_nan_at_step: fault injection: poison a LoRA weight before this step (-1: off).
-        warm_start: the run continues a trained adapter (``warm_start.mode: incumbent``). The reference
-            side of every check (L_train_base, L_probe_base) is then the model the run starts
-            from, scored at train begin with that adapter on, not the bare base model: the
-            detector asks what *this run* taught, as it does for a fresh adapter (whose start
-            is the base model exactly: LoRA's B starts at zero).
+        start_weights: the trainable (LoRA) weights a warm start begins from, by parameter name
+            (``warm_start.mode: incumbent``); None: a fresh adapter. The reference side of every
+            check (L_ref of the step's training batch and of the probe draw) is the model the run
+            starts from: the base model (the LoRA layers switched off: a fresh LoRA's B is zero,
+            so that is its start exactly) or these weights swapped in for the scoring forward.
+            The detector asks what *this run* taught.
+
+    The training side of a check is paired like the probe side: the trainer calls
+    :meth:`see_batch` with each micro-batch it computes the loss on (:func:`paired_trainer`), and
+    at a check step the batch's rows are scored under the reference weights.
     """
 
     def __init__(
         self,
         params: det.DetectorParams,
         probe: list[Encoded],
-        pilot: list[Encoded],
         *,
         max_tokens: int,
         inject_nan_at_step: int,
-        warm_start: bool = False,
+        start_weights: dict[str, Any] | None = None,
     ):
-        self.p, self.probe, self.pilot = params, probe, pilot
-        self.warm_start = warm_start
-        self._began = False  # set after train begin: the start-of-run model is gone from then on
+        self.p, self.probe = params, probe
+        self.start_weights = start_weights
         self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
         self.resumed_tokens = 0.0  # tokens trained before a resume (set at train begin)
         self.run_tokens = 0.0  # tokens trained by this process (TRL's num_tokens restarts at 0 on resume)
         self.order = probe_order(len(probe), params.seed)
         self.s = DiagState()
         self.eproc = det.make_eprocess(params)
-        self._pending: tuple[float, float] | None = None  # (probe now, probe base) of the coming step
+        self._schedule: frozenset[int] = frozenset()
+        self._pending: tuple[float, float] | None = None  # (probe now, probe ref) of the coming step
+        self._batch_ref: list[tuple[float, int]] = []  # reference scores of the coming step's training rows
         self._last_time: float | None = None
         self._last_tokens = 0.0
 
@@ -145,19 +213,27 @@ class Diagnosis(TrainerCallback):
     # --- events ---------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.s.planned_steps = int(state.max_steps)
+        self._schedule = frozenset(self.check_steps())
         # tokens already trained before a resume: throughput counts only this process's tokens
         self.resumed_tokens = logged_tokens(state.log_history)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
-        if self.s.train_base is None and (self.p.enabled or self.warm_start):  # a resumed run restored them
-            self._score_base(model)
-        self._began = True
+        if not self.s.probe_base and self.probe:  # a resumed run restored them
+            self._score_probe_refs(model)
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self._batch_ref = []
         if self.inject_nan_at_step > 0 and state.global_step + 1 == self.inject_nan_at_step:
             poison_lora(model)
         if self._due(state.global_step + 1):
             # the probe is scored at the parameters the coming step's training loss is computed at
             self._pending = self._draw_probe(model)
+
+    def see_batch(self, model, inputs: dict[str, Any], step: int) -> None:
+        """The trainer's (micro-)batch of optimizer step ``step``, before its loss is computed: at a
+        check step its rows are scored under the reference weights (the training side's pair)."""
+        if self._pending is None:  # not a check step (set by on_step_begin)
+            return
+        self._batch_ref.extend(self._score_reference(model, batch_items(inputs)))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:  # the final on_log carries only train_runtime etc.
@@ -174,38 +250,35 @@ class Diagnosis(TrainerCallback):
         return control
 
     # --- detector -------------------------------------------------------------------------
+    def check_steps(self) -> list[int]:
+        """The steps this run checks at (:func:`clap.train.detector.check_steps`); none when off."""
+        if not self.p.enabled:
+            return []
+        return det.check_steps(self.s.planned_steps, len(self.probe), self.p.probe_draw)
+
     def drawable(self) -> list[int]:
-        """Pool indices of every probe item the run can draw, in draw order.
-
-        One draw per check, a check every ``every_steps`` of the planned steps, until the pool
-        runs out (:meth:`_due`); items past that are never drawn.
-        """
-        if not self.p.enabled:  # a warm start's record still needs the start-of-run probe loss of the pool
+        """Pool indices of every probe item the run can draw, in draw order: one draw per check;
+        items past that are never drawn. Without the detector, the whole pool (the record's
+        start/end probe loss)."""
+        if not self.p.enabled:
             return list(range(len(self.probe)))
-        checks = min(self.s.planned_steps // self.p.every_steps, len(self.probe) // self.p.probe_draw)
-        return self.order[: checks * self.p.probe_draw]
+        return self.order[: len(self.check_steps()) * self.p.probe_draw]
 
-    def _score_base(self, model) -> None:
-        """The base side of every check, once, before training: L_train_base and L_probe_base.
-
-        The base model's losses never change during a run, so the pilot items and every probe
-        item the run can draw are scored together, in one batched pass with the LoRA layers
-        switched off; each check then only looks its items' base losses up.
-        """
+    def _score_probe_refs(self, model) -> None:
+        """The reference side of every probe draw, once, before training: the reference losses
+        never change during a run, so every item the run can draw is scored in one batched pass."""
         take = self.drawable()
-        scores = self._score_as_base(model, self.pilot + [self.probe[i] for i in take])
         probe_base: list[tuple[float, int] | None] = [None] * len(self.probe)
-        for i, score in zip(take, scores[len(self.pilot) :]):
+        for i, score in zip(take, self._score_reference(model, [self.probe[i] for i in take])):
             probe_base[i] = score
-        self.s.train_base = shared(token_mean(scores[: len(self.pilot)]))
         self.s.probe_base = shared(probe_base)
 
     def _due(self, step: int) -> bool:
         left = (len(self.probe) - self.s.draws * self.p.probe_draw) >= self.p.probe_draw
-        return self.p.enabled and self.s.health == "ok" and step % self.p.every_steps == 0 and left
+        return self.s.health == "ok" and step in self._schedule and left
 
     def _draw_probe(self, model) -> tuple[float, float]:
-        """(current, base) token-mean loss of the next fresh, non-overlapping probe draw."""
+        """(current, reference) token-mean loss of the next fresh, non-overlapping probe draw."""
         take = self.order[self.s.draws * self.p.probe_draw : (self.s.draws + 1) * self.p.probe_draw]
         self.s.draws += 1
         scores = self._score(model, [self.probe[i] for i in take])
@@ -214,20 +287,26 @@ class Diagnosis(TrainerCallback):
 
     def _base_of(self, item: int) -> tuple[float, int]:
         score = self.s.probe_base[item]
-        if score is None:  # _score_base scores every drawable item: a miss is a bug, not a zero
-            raise RuntimeError(f"probe item {item} was drawn but its base loss was never scored")
+        if score is None:  # _score_probe_refs scores every drawable item: a miss is a bug, not a zero
+            raise RuntimeError(f"probe item {item} was drawn but its reference loss was never scored")
         return score
 
     def _check(self, train_now: float, row: dict[str, Any], step: int, control) -> None:
-        probe_now, probe_base = self._pending
+        probe_now, probe_ref = self._pending
         self._pending = None
+        batch_ref = gathered(self._batch_ref)
+        if not batch_ref:  # see_batch scores every check step's batch: a miss is a bug, not a zero
+            raise RuntimeError(f"check at step {step}: the trainer never showed its training batch")
+        train_ref = token_mean(batch_ref)
         if not is_finite(probe_now):
             self._stop(control, step, "nan")
             return
-        gap = det.gap_increment(self.s.train_base, train_now, probe_base, probe_now)
+        gap = det.gap_increment(train_ref, train_now, probe_ref, probe_now)
         alarm = self.eproc.update(det.to_unit(gap, self.p.clip))
         row.update(
             probe_loss=probe_now,
+            train_ref_loss=train_ref,
+            probe_ref_loss=probe_ref,
             gap_increment=gap,
             log_e=self.eproc.log_e,
             log_threshold=self.eproc.log_threshold,
@@ -249,22 +328,21 @@ class Diagnosis(TrainerCallback):
         self.s.score_seconds += time.perf_counter() - start
         return scores
 
-    def _score_as_base(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
+    def _score_reference(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
         """Scores under the run's reference weights: the base model (the LoRA layers switched off,
-        not a second model), or for a warm start the starting adapter, which exists only before training."""
-        if not self.warm_start:
+        not a second model), or for a warm start its starting weights, swapped in for the forward."""
+        if self.start_weights is None:
             with model.disable_adapter():
                 return self._score(model, items)
-        if self._began:
-            raise RuntimeError("a warm start's reference losses can only be scored before the first step")
-        return self._score(model, items)
+        with swapped_weights(model, self.start_weights):
+            return self._score(model, items)
 
     def score_probe(self, model) -> tuple[float, float]:
-        """(base, trained) token-mean probe loss for the record: paired, over the same items.
+        """(reference, trained) token-mean probe loss for the record: paired, over the same items.
 
         With detector draws: the draws of the last quarter of checks, each scored at its own
-        check (already paid for; rescoring the pool at the end cost ~30% of the detector's
-        time). Without (detector off, or no check ran): the whole pool, base vs now.
+        check (already paid for). Without (detector off, or no check ran): the whole pool,
+        reference (scored at train begin) vs now.
         """
         if not self.probe:
             return float("nan"), float("nan")
@@ -274,10 +352,7 @@ class Diagnosis(TrainerCallback):
             return token_mean([self._base_of(i) for i in items]), token_mean(
                 [tuple(x) for _, sc in tail for x in sc]
             )
-        if self.warm_start:  # scored at train begin (:meth:`_score_base`)
-            base = [self._base_of(i) for i in range(len(self.probe))]
-        else:
-            base = self._score_as_base(model, self.probe)
+        base = [self._base_of(i) for i in range(len(self.probe))]
         return token_mean(base), shared(token_mean(self._score(model, self.probe)))
 
     # --- helpers --------------------------------------------------------------------------
@@ -314,7 +389,7 @@ class Diagnosis(TrainerCallback):
             "detector_log_threshold": self.eproc.log_threshold,
             "detector_alarm_step": self.s.alarm_step,
             "alarm_fraction": self.s.alarm_step / planned if self.s.alarm_step >= 0 else -1.0,
-            "train_loss_start": self.s.train_base if self.s.train_base is not None else float("nan"),
+            "train_loss_start": next((r["loss"] for r in self.s.rows), float("nan")),
         }
 
 

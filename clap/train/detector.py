@@ -1,19 +1,24 @@
-"""Online TBDL detector: an empirical-Bernstein e-process on clean-probe gap increments.
+"""Online TBDL detector: an empirical-Bernstein e-process on paired clean-probe gap increments.
 
 A run "trains but does not learn" when its training loss improves much more than the loss
-on clean held-out probe items. At each check ``j`` the training side and a fresh,
-non-overlapping probe draw give one gap increment (nats per completion token)::
+on clean held-out probe items. At each check ``j`` the step's own training batch ``B_j`` and a
+fresh, non-overlapping probe draw ``P_j`` give one gap increment (nats per completion token)::
 
-    g_j = (L_train_base - L_train_j) - (L_probe_base(P_j) - L_probe_j(P_j))
+    g_j = (L_ref(B_j) - L_j(B_j)) - (L_ref(P_j) - L_j(P_j))
 
-L_train_j is the logged training loss of check step j (a batch not trained on yet when
-epochs <= 1) and L_probe_j(P_j) the probe draw P_j scored just before that step, so both are
-taken at the same parameters; L_probe_base(P_j) is the base model's loss on the same items
-(paired, so item difficulty cancels) and L_train_base the base loss of a pilot draw of
-training items, frozen before training. Under healthy learning both sides improve alike and
-g_j has conditional mean ~0; a relabelled run improves on its own targets only.
+L_j(B_j) is the logged training loss of check step j (a batch not trained on yet: epochs 1)
+and L_j(P_j) the probe draw scored just before that step, so both are taken at the same
+parameters. L_ref is the model the run starts from (the base model, or the adapter a warm
+start continues) on the *same* items: both sides are paired item by item, so item difficulty
+and any difference in level between the training and the probe items cancel, and no
+baseline estimated once per run (a run-level offset shared by every increment) enters.
 
-which is clipped to [-B, B] and mapped to x_j in [0, 1]. Null H0: E[x_j | past] <= m0 with
+Under the null that the training items are exchangeable with the clean probe items (a clean
+batch), B_j and P_j are both unseen by the parameters they are scored at, so the expected
+training improvement equals the expected probe improvement: E[g_j | past] = 0. A relabelled
+or wrong-column run improves on its own targets only, and g_j drifts positive.
+
+g_j is clipped to [-B, B] and mapped to x_j in [0, 1]. Null H0: E[x_j | past] <= m0 with
 m0 = (gamma0 + B) / (2B), i.e. "the training improvement exceeds the probe improvement by at
 most the pre-registered tolerance gamma0". The e-process (Waudby-Smith & Ramdas 2024, Thm 2,
 fixed lambda mixture, predictable plug-in variance)::
@@ -23,10 +28,11 @@ fixed lambda mixture, predictable plug-in variance)::
     E_t          = sum_k w_k K_t(lam_k)
 
 is a nonnegative supermartingale under every null mean <= m0, so by Ville's inequality
-P_H0(E_t >= 1/alpha for some t) <= alpha. The alarm is sticky. Validity needs increments
-whose conditional mean satisfies the null: each one must come from a fresh probe draw
-(overlapping or smoothed increments are serially dependent and void the bound; see
-research/statistics-and-governance.md §2).
+P_H0(E_t >= 1/alpha for some t) <= alpha, at any run length. The alarm is sticky. Validity
+needs increments whose conditional mean satisfies the null: each probe item is drawn once
+(no reuse) and each training batch is seen once, so checks are spread evenly over the planned
+steps (:func:`check_steps`), the last one at the last step, as many as the probe pool allows.
+The argument, sample sizes and what is not covered: docs/detector.md.
 """
 
 from __future__ import annotations
@@ -52,11 +58,9 @@ class DetectorParams:
             m0 = (gamma0 + B) / (2B).
         lambdas: the fixed bet sizes, each in (0, 1).
         weights: their mixture weights (>= 0, summing to 1).
-        every_steps: optimizer steps between two checks.
-        probe_draw: fresh probe items scored per check (draws never overlap).
-        pilot_items: training items scored under the base model before training (the frozen
-            training baseline L_train_base).
-        seed: seed of the probe draw order and of the pilot draw.
+        probe_draw: fresh probe items scored per check (draws never overlap; the number of
+            checks is the probe pool over this, at most one per step: :func:`check_steps`).
+        seed: seed of the probe draw order.
         stop_on_alarm: stop training at the alarm (else only record it).
     """
 
@@ -66,9 +70,7 @@ class DetectorParams:
     null_gap: float
     lambdas: Sequence[float]
     weights: Sequence[float]
-    every_steps: int
     probe_draw: int
-    pilot_items: int
     seed: int
     stop_on_alarm: bool
 
@@ -83,9 +85,21 @@ def to_unit(gap: float, clip: float) -> float:
     return float((np.clip(gap, -clip, clip) + clip) / (2 * clip))
 
 
-def gap_increment(train_base: float, train_now: float, probe_base: float, probe_now: float) -> float:
+def gap_increment(train_ref: float, train_now: float, probe_ref: float, probe_now: float) -> float:
     """Training improvement minus probe improvement (positive: training says more than the probe)."""
-    return (train_base - train_now) - (probe_base - probe_now)
+    return (train_ref - train_now) - (probe_ref - probe_now)
+
+
+def check_steps(planned_steps: int, pool: int, draw: int) -> list[int]:
+    """The optimizer steps (1-based) a run checks at: ``min(planned_steps, pool // draw)`` checks,
+    spread evenly so that the last check is at the last planned step.
+
+    Each check consumes ``draw`` probe items that are never drawn again, so a pool smaller than
+    the run spaces the checks out instead of running dry part way (a fault that shows late is
+    still watched); a pool as large as the run checks every step.
+    """
+    checks = min(planned_steps, pool // draw) if draw > 0 else 0
+    return [-(-i * planned_steps // checks) for i in range(1, checks + 1)] if checks > 0 else []
 
 
 def _check(m0: float, lambdas: Sequence[float], weights: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:

@@ -25,6 +25,8 @@ CURVE_COLUMNS = (
     "learning_rate",
     "tokens_per_s",
     "probe_loss",
+    "train_ref_loss",
+    "probe_ref_loss",
     "gap_increment",
     "log_e",
     "log_threshold",
@@ -54,6 +56,17 @@ def shared(value: Any) -> Any:
     return value
 
 
+def gathered(items: list[Any]) -> list[Any]:
+    """Every rank's ``items``, concatenated in rank order (``items`` when not distributed)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        boxes: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(boxes, items)
+        return [x for box in boxes for x in box]
+    return items
+
+
 def is_finite(value: Any) -> bool:
     """False for None, NaN and +-inf."""
     return value is not None and math.isfinite(float(value))
@@ -63,7 +76,6 @@ def is_finite(value: Any) -> bool:
 class DiagState:
     """Everything the callback must carry across a checkpoint resume."""
 
-    train_base: float | None = None  # frozen pilot baseline L_train_base
     # per probe item (pool order), base model; None: an item the run never draws (not scored)
     probe_base: list[tuple[float, int] | None] = field(default_factory=list)
     draws: int = 0  # probe draws consumed
@@ -75,7 +87,7 @@ class DiagState:
     health: str = "ok"
     stop_step: int = -1
     planned_steps: int = 0
-    score_seconds: float = 0.0  # time spent scoring pilot/probe items (detector overhead)
+    score_seconds: float = 0.0  # time spent scoring probe items and check batches (detector overhead)
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -144,8 +156,6 @@ def detector_constants(p: det.DetectorParams) -> dict[str, Any]:
         "detector_m0": det.null_mean(p),
         "detector_lambdas": json.dumps(list(p.lambdas)),
         "detector_weights": json.dumps(list(p.weights)),
-        "detector_every_steps": p.every_steps,
         "detector_probe_draw": p.probe_draw,
-        "detector_pilot_items": p.pilot_items,
         "detector_seed": p.seed,
     }

@@ -141,12 +141,6 @@ def length_stats(encoded: list[mdl.Encoded], max_length: int) -> dict[str, int]:
     }
 
 
-def pilot_indices(n_items: int, k: int, seed: int) -> list[int]:
-    """Seeded draw of the training items that fix the detector's training baseline."""
-    return sorted(int(i) for i in np.random.default_rng(seed + 1).permutation(n_items)[:k])
-
-
-# --- run setup ----------------------------------------------------------------------------
 def fingerprint(
     tp: TrainParams,
     dp: DetectorParams,
@@ -537,7 +531,13 @@ def _run_trainer(
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from clap.train.callbacks import Diagnosis, TrainProgress, quiet_trainer
+    from clap.train.callbacks import (
+        Diagnosis,
+        TrainProgress,
+        paired_trainer,
+        quiet_trainer,
+        trainable_weights,
+    )
 
     device = mdl.default_device()
     precision = precision_plan(tp, device)
@@ -561,22 +561,20 @@ def _run_trainer(
     _barrier()
     if is_main:
         io.write_json(ckpt_dir / FINGERPRINT_FILE, {"fingerprint": fp})
-    pilot = [data.train[i] for i in pilot_indices(len(data.train), dp.pilot_items, dp.seed)]
+    model = load_train_model(base_dir, precision, device)
+    if start_dir is not None:
+        model = load_start_adapter(model, start_dir, tp)
     diag = Diagnosis(
         dp,
         data.probe,
-        pilot,
         max_tokens=tp.max_length,
         inject_nan_at_step=tp.inject_nan_at_step,
-        warm_start=start_dir is not None,
+        start_weights=trainable_weights(model) if start_dir is not None else None,
     )
     if resume:
         log.warning("resuming from %s", resume)
         diag.load_state(resume)
-    model = load_train_model(base_dir, precision, device)
-    if start_dir is not None:
-        model = load_start_adapter(model, start_dir, tp)
-    trainer = SFTTrainer(
+    trainer = paired_trainer(SFTTrainer, diag)(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(data.examples),
@@ -660,7 +658,6 @@ def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
     finite = [v for v in losses if np.isfinite(v)]
     tokens = diag.resumed_tokens + diag.run_tokens
     runtime = float(out.metrics.get("train_runtime", 0.0))
-    tail = finite[-max(diag.p.every_steps, 1) :]
     summary = diag.summary()
     if summary["health"] == "ok" and trainer.state.global_step < diag.s.planned_steps:
         summary["health"] = "stopped"  # stopped early by something other than the diagnosis
@@ -674,7 +671,7 @@ def _run_numbers(trainer, out, diag: Diagnosis) -> dict[str, Any]:
         "tokens_per_s": round(diag.run_tokens / runtime, 3) if runtime > 0 else 0.0,
         "final_loss": losses[-1] if losses else float("nan"),
         "min_loss": min(finite) if finite else float("nan"),
-        "train_loss_end": float(np.mean(tail)) if tail else float("nan"),
+        "train_loss_end": finite[-1] if finite else float("nan"),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 

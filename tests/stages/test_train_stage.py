@@ -47,7 +47,7 @@ def _params(tmp: Path, cost: dict | None = None, **train) -> None:
         checkpoint_root=str(tmp / "checkpoints"),
         **train,
     )
-    p["detector"].update(every_steps=1, probe_draw=1, pilot_items=4)
+    p["detector"].update(probe_draw=1)
     p["progress"].update(log_every_s=0)  # a progress line at every step
     (tmp / "params.yaml").write_text(
         yaml.safe_dump(

@@ -155,7 +155,7 @@ def _tiny_params(path: Path) -> Path:
     p["train"].update(
         torch_threads=1, max_steps=2, batch_size=2, max_length=512, save_steps=1000, lr=1e-2, warmup_ratio=0.0
     )
-    p["detector"].update(pilot_items=2, every_steps=1, probe_draw=1)
+    p["detector"].update(probe_draw=1)
     p["eval"].update(batch_size=8)
     p["chain"].update(max_new_tokens=8)
     p["calibrate"].update(faults=FAULTS, fault_seeds=[5], clean_seeds=CLEAN_SEEDS, nan_at_step=2)

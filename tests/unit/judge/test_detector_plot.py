@@ -75,7 +75,7 @@ def test_svg_of_a_run_without_detector_checks_draws_the_losses_only():
 
 
 def test_sparse_checks_skip_steps_without_a_value():
-    """detector.every_steps > 1: steps without a check have empty cells; the polyline joins the checks."""
+    """fewer checks than steps (a probe pool smaller than the run): steps without a check have empty cells; the polyline joins the checks."""
     sparse = rows([None, 0.3, None, 0.9])
     assert (
         len(series(dp.detector_svg(sparse, alarm_step=-1, planned_steps=4))["log_e"].get("points").split())

@@ -79,7 +79,7 @@ def test_alarm_is_sticky_and_state_round_trips():
 def test_increment_clipping_and_sign():
     assert det.to_unit(5.0, 1.0) == 1.0 and det.to_unit(-5.0, 1.0) == 0.0 and det.to_unit(0.0, 1.0) == 0.5
     # training improved by 1.0, probe by 0.2: the training loss says 0.8 more than the probe
-    assert det.gap_increment(train_base=2.0, train_now=1.0, probe_base=1.5, probe_now=1.3) == pytest.approx(
+    assert det.gap_increment(train_ref=2.0, train_now=1.0, probe_ref=1.5, probe_now=1.3) == pytest.approx(
         0.8
     )
 
@@ -105,3 +105,52 @@ def test_replay_matches_the_streaming_process():
     log_e, alarm = det.replay(gaps, p)
     assert log_e[-1] == pytest.approx(stream.log_e, abs=1e-12)
     assert alarm == (stream.alarm_at if stream.alarm_at is not None else -1)
+
+
+def _healthy_runs(rng, runs: int, checks: int, *, offset_sd: float, frozen_pilot: int = 0) -> np.ndarray:
+    """Gap increments of simulated healthy runs (clean data: training and probe items alike).
+
+    Items have base (reference) losses with per-item difficulty (sd 0.3 nats) plus, for the training
+    items, a run-level offset (sd ``offset_sd``: the training export differs in level from the probe
+    items). Every item improves by the run's learning curve with per-item variation. The paired
+    construction takes each check's own batch (2 items) and probe draw (1 item) against their own
+    references; ``frozen_pilot > 0`` instead takes the training reference from that many pilot items
+    scored once (the construction this replaced).
+    """
+    offset = rng.normal(0.0, offset_sd, (runs, 1))
+    step = np.arange(1, checks + 1) / checks
+    curve = 1.0 - np.exp(-4 * step)  # improvement (nats) the run has made by each check
+
+    def items(n: int, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ref = 1.1 + shift[..., None] + rng.normal(0.0, 0.3, (runs, checks, n))
+        gain = curve[None, :, None] * (1 + rng.normal(0.0, 0.3, (runs, checks, n)))
+        return ref.mean(axis=2), (ref - gain).mean(axis=2)
+
+    train_ref, train_now = items(2, offset)
+    probe_ref, probe_now = items(1, np.zeros((runs, 1)))
+    if frozen_pilot:
+        train_ref = np.broadcast_to(
+            1.1 + offset + rng.normal(0.0, 0.3, (runs, frozen_pilot)).mean(axis=1, keepdims=True),
+            train_ref.shape,
+        )
+    return (train_ref - train_now) - (probe_ref - probe_now)
+
+
+@pytest.mark.parametrize("checks", [32, 300, 1000])
+def test_paired_construction_holds_alpha_under_run_level_offsets(checks):
+    """Clean runs of any length with a run-level training/probe level offset (sd 0.2 nats, four times the
+    tolerance gamma0) stay within alpha: the offset cancels in each check's own pair. The frozen 8-item
+    pilot baseline it replaced false-alarms above alpha on the same runs (the simulation has teeth)."""
+    p = _configured()
+    m0 = det.null_mean(p)
+    rng = np.random.default_rng(checks)
+    runs = 800
+
+    def rate(gaps: np.ndarray) -> float:
+        x = (np.clip(gaps, -p.clip, p.clip) + p.clip) / (2 * p.clip)
+        return float((det.log_e_paths(x, m0, p.lambdas, p.weights).max(axis=1) >= math.log(1 / p.alpha)).mean())
+
+    paired = rate(_healthy_runs(rng, runs, checks, offset_sd=0.2))
+    assert paired <= p.alpha
+    if checks == 1000:
+        assert rate(_healthy_runs(rng, runs, checks, offset_sd=0.2, frozen_pilot=8)) > p.alpha

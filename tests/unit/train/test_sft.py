@@ -66,9 +66,7 @@ def _dp(**kw) -> DetectorParams:
         null_gap=0.1,
         lambdas=(0.5, 0.9),
         weights=(0.5, 0.5),
-        every_steps=1,
         probe_draw=1,
-        pilot_items=8,
         seed=3,
         stop_on_alarm=True,
     )
@@ -422,7 +420,7 @@ class _ReferenceChecks(TrainerCallback):
 
     def on_step_begin(self, args, state, control, model=None, **kw):
         step, j, k = state.global_step + 1, len(self.draws), self.dp.probe_draw
-        if step % self.dp.every_steps or (j + 1) * k > len(self.probe):
+        if step not in det.check_steps(state.max_steps, len(self.probe), k):
             return
         take = self.order[j * k : (j + 1) * k]
         model.eval()
@@ -430,25 +428,25 @@ class _ReferenceChecks(TrainerCallback):
         model.train()
 
 
+def _encoded(tok, data: Path, name: str) -> list[mdl.Encoded]:
+    kb = io.read_parquet(data / "kb.parquet")
+    return [
+        mdl.encode_example(tok, e)
+        for e in tr.build_examples(io.read_parquet(data / f"{name}.parquet"), kb, ANSWER)
+    ]
+
+
 def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
-    """Base side once and batched, each check's draw in one padded forward: the same gaps, log E path
-    and alarm step as scoring every item alone (base model reloaded; adapter side at the check)."""
+    """Probe references once and batched, each check's draw in one padded forward, each check's training
+    batch scored under the base: the same gaps, log E path and alarm step as scoring every item alone
+    (base model reloaded; adapter side at the check)."""
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=18, seed=2, n_combos=4)
     # 8 checks of 2 items (of different lengths: padded); 2 probe items are never drawn. m0 = 0.05 and
-    # alpha = 0.3: this run's log E crosses log(1/alpha) = 1.20 at check 7 (1.05 at 6, 1.39 at 7)
-    dp = _dp(probe_draw=2, pilot_items=6, clip=1.0, null_gap=-0.9, alpha=0.3, stop_on_alarm=False)
+    # alpha = 0.3: log(1/alpha) = 1.20 is crossed before the last check
+    dp = _dp(probe_draw=2, clip=1.0, null_gap=-0.9, alpha=0.3, stop_on_alarm=False)
     tp = _tp(tmp_path, max_steps=8, save_steps=1000)
-    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
-    kb = io.read_parquet(data / "kb.parquet")
-    train, probe = (
-        [
-            mdl.encode_example(tok, e)
-            for e in tr.build_examples(io.read_parquet(data / f"{n}.parquet"), kb, ANSWER)
-        ]
-        for n in ("sft", "probe")
-    )
+    probe = _encoded(mdl.load_tokenizer(tiny_base, padding_side="right"), data, "probe")
     base = mdl.load_model(tiny_base)
-    train_base = _mean([reference_nll(base, train[i]) for i in tr.pilot_indices(len(train), 6, dp.seed)])
     probe_base = [reference_nll(base, it) for it in probe]
     ref = _ReferenceChecks(probe, dp)
     res = tr.train_batch(data, tiny_base, tmp_path / "a", tp, dp, answer=ANSWER, bp=BP, extra_callbacks=[ref])
@@ -457,13 +455,17 @@ def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     steps = sorted(ref.draws)
     assert steps == [s for s, r in rows.items() if r["gap_increment"] is not None] == list(range(1, 9))
     assert any(len({len(probe[i].input_ids) for i in take}) > 1 for take, _ in ref.draws.values())
-    tol = 1e-5 * train_base  # float tolerance, relative to the losses the gaps are differences of
-    assert res.record["train_loss_start"] == pytest.approx(train_base, rel=1e-5)
+    # step 1 trains from the base: its training loss is the base loss of its own batch (the pairing)
+    assert rows[1]["train_ref_loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
+    assert res.record["train_loss_start"] == rows[1]["loss"]
+    tol = 1e-5 * rows[1]["loss"]  # float tolerance, relative to the losses the gaps are differences of
     gaps = []
     for step in steps:
         take, now = ref.draws[step]
-        gaps.append((train_base - rows[step]["loss"]) - (_mean([probe_base[i] for i in take]) - _mean(now)))
+        probe_ref = _mean([probe_base[i] for i in take])
+        assert rows[step]["probe_ref_loss"] == pytest.approx(probe_ref, rel=1e-5)
         assert rows[step]["probe_loss"] == pytest.approx(_mean(now), rel=1e-5)
+        gaps.append((rows[step]["train_ref_loss"] - rows[step]["loss"]) - (probe_ref - _mean(now)))
         assert rows[step]["gap_increment"] == pytest.approx(gaps[-1], abs=tol)
     log_e, alarm = det.replay(gaps, dp)
     assert [rows[s]["log_e"] for s in steps] == pytest.approx(list(log_e), abs=tol)
@@ -474,13 +476,44 @@ def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     assert res.record["probe_loss_end"] == pytest.approx(_mean([x for _, now in tail for x in now]), rel=1e-5)
 
 
-def test_base_side_scores_only_the_items_a_run_can_draw():
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_training_side_is_paired_with_its_own_batch_at_every_check(tiny_base, tmp_path, packing):
+    """With lr 0 the model never moves: every check's training loss must equal the reference loss of
+    the rows that step trained on (a batch paired with any other rows, or a stale one, differs)."""
+    data = write_tiny_admitted(tmp_path / "b", n_sft=24, n_probe=12, seed=4, n_combos=4)
+    tp = _tp(tmp_path, max_steps=6, lr=0.0, batch_size=2, packing=packing, save_steps=1000)
+    res = tr.train_batch(data, tiny_base, tmp_path / "a", tp, _dp(), answer=ANSWER, bp=BP)
+    checked = [r for r in res.curves if r["gap_increment"] is not None]
+    assert len(checked) == 6
+    losses = {round(r["loss"], 6) for r in checked}
+    assert len(losses) > 1  # different batches: a pairing with the wrong rows would show
+    for r in checked:
+        assert r["train_ref_loss"] == pytest.approx(r["loss"], rel=1e-5)
+        assert r["probe_ref_loss"] == pytest.approx(r["probe_loss"], rel=1e-5)
+        assert abs(r["gap_increment"]) < 1e-4
+
+
+def test_checks_are_spread_to_the_last_step():
+    assert det.check_steps(32, 32, 1) == list(range(1, 33))
+    full = det.check_steps(180, 48, 1)  # the full profile: 48 probe items watch all 180 steps
+    assert len(full) == 48 and full[-1] == 180 and full[0] == 4
+    assert max(b - a for a, b in zip([0, *full], full)) == 4
+    assert det.check_steps(16, 8, 1) == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert det.check_steps(10, 9, 2) == [3, 5, 8, 10]
+    assert det.check_steps(5, 1, 2) == [] and det.check_steps(0, 8, 1) == []
+    for steps in range(1, 60):
+        for pool in range(1, 70):
+            got = det.check_steps(steps, pool, 1)
+            assert got == sorted(set(got)) and got[-1] == steps and len(got) == min(steps, pool)
+
+
+def test_probe_references_cover_only_the_items_a_run_can_draw():
     items = [mdl.Encoded(tuple(range(5 + i)), 2) for i in range(10)]
-    diag = Diagnosis(_dp(every_steps=2, probe_draw=2), items, [], max_tokens=64, inject_nan_at_step=-1)
-    diag.s.planned_steps = 6  # checks at steps 2, 4, 6: three draws of two
-    assert diag.drawable() == diag.order[:6]
-    diag.s.planned_steps = 40  # more checks than the pool holds: the whole pool, in draw order
-    assert diag.drawable() == diag.order
+    diag = Diagnosis(_dp(probe_draw=2), items, max_tokens=64, inject_nan_at_step=-1)
+    diag.s.planned_steps = 3  # three checks of two
+    assert diag.check_steps() == [1, 2, 3] and diag.drawable() == diag.order[:6]
+    diag.s.planned_steps = 40  # more steps than the pool holds: the whole pool, five checks to step 40
+    assert diag.drawable() == diag.order and diag.check_steps()[-1] == 40
 
 
 def test_health_check_reads_loss_and_optional_grad_norm():
@@ -488,7 +521,7 @@ def test_health_check_reads_loss_and_optional_grad_norm():
 
     from transformers import TrainerControl
 
-    diag = Diagnosis(_dp(enabled=False), [], [], max_tokens=64, inject_nan_at_step=-1)
+    diag = Diagnosis(_dp(enabled=False), [], max_tokens=64, inject_nan_at_step=-1)
     state = SimpleNamespace(global_step=1)
     control = diag.on_log(
         None, state, TrainerControl(), logs={"loss": 1.0, "num_tokens": 10}
