@@ -270,7 +270,9 @@ def main() -> int:
     run = sub.add_parser("run")
     run.add_argument("--admitted", type=Path, default=ROOT / "data/admitted")
     run.add_argument("--base", type=Path, default=ROOT / "models/base")
-    run.add_argument("--threads", type=int, default=0, help="torch threads per run (0: params train.torch_threads)")
+    run.add_argument(
+        "--threads", type=int, default=0, help="torch threads per run (0: params train.torch_threads)"
+    )
     run.add_argument("specs", nargs="+")
     rep = sub.add_parser("report")
     rep.add_argument("--out", type=Path, default=OUT, help="writes <out>.md and <out>.json")

@@ -306,6 +306,7 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "detector_m0",
     "detector_null_gap",
     "detector_probe_draw",
+    "detector_process",
 )
 _SHA256_VALUE = re.compile(r"[0-9a-f]{64}")
 _VERSION_VALUE = re.compile(r"v?\d+\.\d+(\.\d+)*([.+-][0-9A-Za-z.+-]*)?")

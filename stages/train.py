@@ -11,7 +11,8 @@ out: models/adapters/<b>/ (adapter_model.safetensors + adapter_config.json + tok
      admitted, or held over budget, gets only skipped.json), metrics/train/<b>.json (flat numbers, the
      cost estimate cost_* among them; over budget: refused with exit 2, or health over_budget by policy) +
      records/train/<b>.json (hashes, versions, seed, threads, device), plots/train/<b>.csv
-     (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, gap_increment, log_e, log_threshold).
+     (step, loss, grad_norm, learning_rate, tokens_per_s, probe_loss, train_ref_loss, probe_ref_loss,
+     gap_increment, log_e, log_threshold).
      Training runs in <train.checkpoint_root>/<b>/ and resumes from there after a kill.
 """
 

@@ -6,6 +6,7 @@ costs seconds (torch, peft): only a process that trains imports this module.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from clap.train.grpo_diagnosis import (
 )
 from clap.train.grpo_noise import RewardTests
 from clap.train.grpo_policy import GrpoThresholds
+
+log = logging.getLogger(__name__)
 
 
 class TrainProgress(TrainerCallback):
@@ -214,6 +217,17 @@ class Diagnosis(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.s.planned_steps = int(state.max_steps)
         self._schedule = frozenset(self.check_steps())
+        need = det.min_checks_to_alarm(self.p) if self.p.enabled else 0
+        if self.p.enabled and len(self._schedule) < need and state.is_world_process_zero:
+            log.warning(
+                "TBDL detector: %d checks (probe pool %d / probe_draw %d, %d steps) cannot alarm: even maximal "
+                "increments need %d; a larger probe pool (params sizes.probe) watches this run",
+                len(self._schedule),
+                len(self.probe),
+                self.p.probe_draw,
+                self.s.planned_steps,
+                need,
+            )
         # tokens already trained before a resume: throughput counts only this process's tokens
         self.resumed_tokens = logged_tokens(state.log_history)
         self._last_time, self._last_tokens = time.perf_counter(), 0.0
@@ -382,6 +396,8 @@ class Diagnosis(TrainerCallback):
             "stop_step": self.s.stop_step,
             "detector_enabled": self.p.enabled,
             "detector_checks": self.eproc.t,
+            "detector_checks_planned": len(self.check_steps()),
+            "detector_min_checks_to_alarm": det.min_checks_to_alarm(self.p) if self.p.enabled else 0,
             "detector_seconds": round(self.s.score_seconds, 3),
             "detector_max_log_e": max(
                 [r["log_e"] for r in self.s.rows if r["log_e"] is not None], default=0.0

@@ -56,8 +56,10 @@ class DetectorParams:
         clip: B, increments are clipped to [-B, B] nats.
         null_gap: gamma0, the tolerated excess of training over probe improvement (nats);
             m0 = (gamma0 + B) / (2B).
-        lambdas: the fixed bet sizes, each in (0, 1).
+        lambdas: the fixed bet sizes, each in (0, 1) (betting: as a fraction of the largest bet 1/m0).
         weights: their mixture weights (>= 0, summing to 1).
+        process: ``empirical_bernstein`` (bets penalised by the predictable variance) or ``betting``
+            (each factor 1 + (lambda / m0)(x - m0): grows up to log(1/m0) a check on a steady signal).
         probe_draw: fresh probe items scored per check (draws never overlap; the number of
             checks is the probe pool over this, at most one per step: :func:`check_steps`).
         seed: seed of the probe draw order.
@@ -70,6 +72,7 @@ class DetectorParams:
     null_gap: float
     lambdas: Sequence[float]
     weights: Sequence[float]
+    process: str
     probe_draw: int
     seed: int
     stop_on_alarm: bool
@@ -113,14 +116,39 @@ def _check(m0: float, lambdas: Sequence[float], weights: Sequence[float]) -> tup
     return lam, w
 
 
-def log_e_paths(x: np.ndarray, m0: float, lambdas: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+PROCESSES = ("empirical_bernstein", "betting")
+
+
+def _log_factors(
+    x: np.ndarray, muhat_prev: np.ndarray, m0: float, lam: np.ndarray, process: str
+) -> np.ndarray:
+    """log of each bet's factor for increments ``x`` (any shape; a trailing axis is added for the bets).
+
+    empirical_bernstein: lam (x - m0) - psi(lam) (x - muhat_prev)^2 (Waudby-Smith & Ramdas 2024, Thm 2).
+    betting: log(1 + (lam / m0) (x - m0)), lam the fraction of the largest bet 1/m0 that keeps every
+    factor positive (their Sec. 4, fixed bets): E[factor | past] <= 1 whenever E[x | past] <= m0.
+    """
+    if process == "betting":
+        return np.log1p((lam / m0) * (x[..., None] - m0))
+    if process == "empirical_bernstein":
+        psi = -np.log1p(-lam) - lam
+        return lam * (x[..., None] - m0) - psi * ((x - muhat_prev)[..., None] ** 2)
+    raise ValueError(f"process must be one of {PROCESSES}, got {process!r}")
+
+
+def log_e_paths(
+    x: np.ndarray,
+    m0: float,
+    lambdas: Sequence[float],
+    weights: Sequence[float],
+    process: str = "empirical_bernstein",
+) -> np.ndarray:
     """log E_t for every prefix of each row of ``x`` (shape (runs, T), values in [0, 1]) at once."""
     lam, w = _check(m0, lambdas, weights)
     x = np.atleast_2d(np.asarray(x, float))
     t = np.arange(1, x.shape[1] + 1)
     muhat_prev = (0.5 + np.cumsum(x, axis=1) - x) / t  # uses x_1..x_{t-1} only
-    psi = -np.log1p(-lam) - lam
-    terms = lam * (x[..., None] - m0) - psi * ((x - muhat_prev)[..., None] ** 2)
+    terms = _log_factors(x, muhat_prev, m0, lam, process)
     return logsumexp(np.cumsum(terms, axis=1) + np.log(np.maximum(w, 1e-300)), axis=2)
 
 
@@ -132,6 +160,7 @@ class EProcess:
     alpha: float
     lambdas: Sequence[float]
     weights: Sequence[float]
+    process: str = "empirical_bernstein"
     t: int = 0
     sum_x: float = 0.0
     log_k: list[float] = field(default_factory=list)
@@ -139,6 +168,8 @@ class EProcess:
 
     def __post_init__(self) -> None:
         _check(self.m0, self.lambdas, self.weights)
+        if self.process not in PROCESSES:
+            raise ValueError(f"process must be one of {PROCESSES}, got {self.process!r}")
         if not self.log_k:
             self.log_k = [0.0] * len(self.lambdas)
 
@@ -157,10 +188,9 @@ class EProcess:
         if not 0.0 <= x <= 1.0:
             raise ValueError(f"increment must be clipped and rescaled into [0, 1], got {x}")
         lam = np.asarray(self.lambdas, float)
-        muhat_prev = (0.5 + self.sum_x) / (self.t + 1)
-        self.log_k = list(
-            np.asarray(self.log_k) + lam * (x - self.m0) - (-np.log1p(-lam) - lam) * (x - muhat_prev) ** 2
-        )
+        muhat_prev = np.asarray((0.5 + self.sum_x) / (self.t + 1))
+        factors = _log_factors(np.asarray(x, float), muhat_prev, self.m0, lam, self.process)
+        self.log_k = list(np.asarray(self.log_k) + factors)
         self.t += 1
         self.sum_x += x
         if self.alarm_at is None and self.log_e >= self.log_threshold:
@@ -177,9 +207,20 @@ class EProcess:
         }
 
 
+def min_checks_to_alarm(p: DetectorParams, limit: int = 1000) -> int:
+    """The fewest checks after which the alarm can fire at all: every increment at its maximum (x = 1).
+
+    A run with fewer checks (a probe pool smaller than this, over ``probe_draw``) cannot alarm whatever
+    it learns; the train stage says so and the record carries the number.
+    """
+    log_e = log_e_paths(np.ones((1, limit)), null_mean(p), p.lambdas, p.weights, p.process)[0]
+    hits = np.flatnonzero(log_e >= math.log(1 / p.alpha))
+    return int(hits[0]) + 1 if hits.size else limit + 1
+
+
 def make_eprocess(p: DetectorParams, state: dict[str, Any] | None = None) -> EProcess:
     """The e-process the params pre-register, optionally restored from :meth:`EProcess.state`."""
-    return EProcess(null_mean(p), p.alpha, list(p.lambdas), list(p.weights), **(state or {}))
+    return EProcess(null_mean(p), p.alpha, list(p.lambdas), list(p.weights), p.process, **(state or {}))
 
 
 def replay(gaps: Sequence[float], p: DetectorParams) -> tuple[np.ndarray, int]:
@@ -189,6 +230,6 @@ def replay(gaps: Sequence[float], p: DetectorParams) -> tuple[np.ndarray, int]:
     curves can be re-read under other constants (calibration on fault-injected runs).
     """
     x = np.array([[to_unit(g, p.clip) for g in gaps]])
-    log_e = log_e_paths(x, null_mean(p), p.lambdas, p.weights)[0] if len(gaps) else np.zeros(0)
+    log_e = log_e_paths(x, null_mean(p), p.lambdas, p.weights, p.process)[0] if len(gaps) else np.zeros(0)
     hits = np.flatnonzero(log_e >= math.log(1 / p.alpha))
     return log_e, int(hits[0]) + 1 if hits.size else -1

@@ -156,6 +156,7 @@ def detector_constants(p: det.DetectorParams) -> dict[str, Any]:
         "detector_m0": det.null_mean(p),
         "detector_lambdas": json.dumps(list(p.lambdas)),
         "detector_weights": json.dumps(list(p.weights)),
+        "detector_process": p.process,
         "detector_probe_draw": p.probe_draw,
         "detector_seed": p.seed,
     }

@@ -79,9 +79,7 @@ def test_alarm_is_sticky_and_state_round_trips():
 def test_increment_clipping_and_sign():
     assert det.to_unit(5.0, 1.0) == 1.0 and det.to_unit(-5.0, 1.0) == 0.0 and det.to_unit(0.0, 1.0) == 0.5
     # training improved by 1.0, probe by 0.2: the training loss says 0.8 more than the probe
-    assert det.gap_increment(train_ref=2.0, train_now=1.0, probe_ref=1.5, probe_now=1.3) == pytest.approx(
-        0.8
-    )
+    assert det.gap_increment(train_ref=2.0, train_now=1.0, probe_ref=1.5, probe_now=1.3) == pytest.approx(0.8)
 
 
 @pytest.mark.parametrize("bad", [{"m0": 1.2}, {"lambdas": [0.5, 1.0]}, {"weights": [0.7, 0.7]}])
@@ -148,9 +146,44 @@ def test_paired_construction_holds_alpha_under_run_level_offsets(checks):
 
     def rate(gaps: np.ndarray) -> float:
         x = (np.clip(gaps, -p.clip, p.clip) + p.clip) / (2 * p.clip)
-        return float((det.log_e_paths(x, m0, p.lambdas, p.weights).max(axis=1) >= math.log(1 / p.alpha)).mean())
+        return float(
+            (det.log_e_paths(x, m0, p.lambdas, p.weights).max(axis=1) >= math.log(1 / p.alpha)).mean()
+        )
 
     paired = rate(_healthy_runs(rng, runs, checks, offset_sd=0.2))
     assert paired <= p.alpha
     if checks == 1000:
         assert rate(_healthy_runs(rng, runs, checks, offset_sd=0.2, frozen_pilot=8)) > p.alpha
+
+
+def test_min_checks_to_alarm_is_the_first_crossing_of_maximal_increments():
+    p = _configured()
+    need = det.min_checks_to_alarm(p)
+    log_e = det.log_e_paths(np.ones((1, need)), det.null_mean(p), p.lambdas, p.weights, p.process)[0]
+    assert log_e[-1] >= math.log(1 / p.alpha) > log_e[-2]
+    assert need <= 16  # the demo's 32 checks leave room to alarm by mid-run
+
+
+def test_betting_matches_its_closed_form_and_streams():
+    m0, lams, ws = 0.6, [0.5, 0.9], [0.25, 0.75]
+    xs = [1.0, 0.2, 0.7]
+    expected = math.log(sum(w * math.prod(1 + (lam / m0) * (x - m0) for x in xs) for lam, w in zip(lams, ws)))
+    stream = det.EProcess(m0, 0.05, lams, ws, "betting")
+    for x in xs:
+        stream.update(x)
+    assert stream.log_e == pytest.approx(expected, abs=1e-12)
+    assert det.log_e_paths(np.array([xs]), m0, lams, ws, "betting")[0, -1] == pytest.approx(
+        expected, abs=1e-12
+    )
+    with pytest.raises(ValueError):
+        det.EProcess(m0, 0.05, lams, ws, "kelly")
+
+
+@pytest.mark.parametrize("process", det.PROCESSES)
+def test_adversarial_null_stays_within_alpha(process):
+    """Increments at the null's worst case (0/1 with mean exactly m0: the largest variance) for 1000 checks."""
+    p = _configured()
+    m0 = det.null_mean(p)
+    x = (np.random.default_rng(11).uniform(size=(2000, 1000)) < m0).astype(float)
+    fired = det.log_e_paths(x, m0, p.lambdas, p.weights, process).max(axis=1) >= math.log(1 / p.alpha)
+    assert fired.mean() <= p.alpha

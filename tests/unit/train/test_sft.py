@@ -395,12 +395,15 @@ def taught_base(tiny_base, tmp_path_factory) -> Path:
     return root / "base"
 
 
-@pytest.mark.slow  # teaches a base, then two 24-step runs: ~1-2 min on 2 cores
+@pytest.mark.slow  # teaches a base, then two 24-step runs of 8 rows: ~1-2 min on 2 cores
 @pytest.mark.parametrize("relabel", [False, True], ids=["clean", "relabelled"])
 def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
-    data = write_tiny_admitted(tmp_path / "b", n_sft=96, n_probe=24, seed=1, relabel=relabel, n_combos=4)
-    tp = _tp(tmp_path, max_steps=24, batch_size=4, packing=False, lr=2e-2, save_steps=1000)
-    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, _dp(), answer=ANSWER, bp=BP).record
+    # each check pairs a training batch of 8 with a probe draw of 2 (the tiny model's per-item losses
+    # are far noisier than the real base's); relabelled: alarm at step 16 of 24, clean: max log E < 0
+    data = write_tiny_admitted(tmp_path / "b", n_sft=192, n_probe=48, seed=1, relabel=relabel, n_combos=4)
+    tp = _tp(tmp_path, max_steps=24, batch_size=8, packing=False, lr=2e-2, save_steps=1000)
+    dp = _dp(probe_draw=2, null_gap=0.05, lambdas=(0.5, 0.7, 0.9), weights=(0.2, 0.3, 0.5))
+    rec = tr.train_batch(data, taught_base, tmp_path / "adapter", tp, dp, answer=ANSWER, bp=BP).record
     if relabel:
         assert rec["health"] == "alarm" and 0 < rec["detector_alarm_step"] == rec["steps"] < 24
         assert rec["alarm_fraction"] == rec["detector_alarm_step"] / 24
