@@ -43,6 +43,7 @@ from clap import params as cparams  # noqa: E402
 RUNS = ROOT / "benchmarks/results/detector_runs"
 OUT = ROOT / "benchmarks/results/detector_calibration"
 FAULTS = ("clean", "relabel", "dirty_values", "as_is")
+SETS = ("calibration", "validation", "validation2")  # validation2: faulted runs made after round 2 was fixed
 SEVERE = ("relabel", "as_is")  # the faults the targets are about (as_is: only on a corrupted batch)
 KEEP = ("step", "loss", "train_ref_loss", "probe_loss", "probe_ref_loss", "gap_increment", "log_e")
 
@@ -61,10 +62,8 @@ class Spec:
     @classmethod
     def parse(cls, text: str) -> Spec:
         part = text.split(":")
-        if len(part) != 4 or part[0] not in ("calibration", "validation") or part[2] not in FAULTS:
-            raise SystemExit(
-                f"bad spec {text!r}: set:batch:fault:seed, set calibration|validation, fault {FAULTS}"
-            )
+        if len(part) != 4 or part[0] not in SETS or part[2] not in FAULTS:
+            raise SystemExit(f"bad spec {text!r}: set:batch:fault:seed, set in {SETS}, fault in {FAULTS}")
         return cls(part[0], part[1], part[2], int(part[3]))
 
 
@@ -164,21 +163,38 @@ def replay_run(run: dict, dp) -> dict:
         "alarm_fraction": step / planned if step > 0 else None,
         "max_log_e": float(max(log_e)) if len(log_e) else 0.0,
         "mean_gap": statistics.fmean(gaps) if gaps else math.nan,
-        "detector_share": run["record"]["detector_seconds"] / max(run["record"]["train_runtime_s"], 1e-9),
     }
 
 
-def summarize(rows: list[dict], alpha: float) -> list[dict]:
-    """Per (set, kind): runs, caught, median alarm fraction; clean: false alarms with a 95 % CI."""
+# Round 1's constants as pre-registered in commit 0a3e100 (params `detector` then); round 2 is params.yaml now.
+ROUND1 = {
+    "process": "empirical_bernstein",
+    "clip": 0.25,
+    "null_gap": 0.03,
+    "lambdas": [0.3, 0.5, 0.7, 0.9],
+    "weights": [0.1, 0.2, 0.3, 0.4],
+}
+# (round, constants' source, the sets whose faulted runs validate it); both rounds share the calibration runs
+# and the clean validation runs (none of which had been looked at when round 2 was fixed)
+ROUNDS = (("round 1", "commit 0a3e100", ("validation",)), ("round 2", "params.yaml", ("validation2",)))
+
+
+def summarize(rows: list[dict], alpha: float, fault_sets: tuple[str, ...]) -> list[dict]:
+    """Per set and kind: runs, alarms (rate, 95 % CI), median alarm fraction."""
     out = []
     kinds = [
         ("severe faults", lambda r: r["fault"] in SEVERE),
         ("subtle faults (dirty_values 30 %)", lambda r: r["fault"] == "dirty_values"),
         ("clean", lambda r: r["fault"] == "clean"),
     ]
-    for set_name in ("calibration", "validation"):
+    for set_name, sets in (("calibration", ("calibration",)), ("validation", ("validation", *fault_sets))):
         for kind, keep in kinds:
-            sel = [r for r in rows if r["set"] == set_name and keep(r)]
+            sel = [
+                r
+                for r in rows
+                if keep(r)
+                and (r["set"] in (sets if kind == "clean" or set_name == "calibration" else fault_sets))
+            ]
             if not sel:
                 continue
             hit = [r for r in sel if r["alarm_step"] > 0]
@@ -200,23 +216,71 @@ def summarize(rows: list[dict], alpha: float) -> list[dict]:
     return out
 
 
+def longer_runs(clean: list[dict], rounds: list[dict], seed: int, runs: int = 2000) -> list[dict]:
+    """The longer-run setting, simulated: clean runs of 300 and 1000 checks whose increments are drawn
+    (with replacement) from every check of the real clean runs, under each round's constants."""
+    import numpy as np
+
+    from clap.train import detector as det
+
+    pool = np.array([c["gap_increment"] for r in clean for c in r["checks"]])
+    if pool.size == 0:
+        return []
+    rng = np.random.default_rng(seed)
+    out = []
+    for rnd in rounds:
+        d = rnd["detector"]
+        for checks in (300, 1000):
+            g = rng.choice(pool, size=(runs, checks))
+            x = (np.clip(g, -d["clip"], d["clip"]) + d["clip"]) / (2 * d["clip"])
+            m0 = (d["null_gap"] + d["clip"]) / (2 * d["clip"])
+            fired = det.log_e_paths(x, m0, d["lambdas"], d["weights"], d["process"]).max(axis=1) >= math.log(
+                1 / d["alpha"]
+            )
+            lo, hi = clopper_pearson(int(fired.sum()), runs)
+            out.append(
+                {
+                    "round": rnd["round"],
+                    "checks": checks,
+                    "runs": runs,
+                    "false_alarms": int(fired.sum()),
+                    "rate": float(fired.mean()),
+                    "rate_ci95": [lo, hi],
+                    "pool_checks": int(pool.size),
+                    "pool_mean_gap": float(pool.mean()),
+                }
+            )
+    return out
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from clap.train.detector import DetectorParams
 
-    dp = cparams.section("detector", DetectorParams, args.params)
+    now = cparams.section("detector", DetectorParams, args.params)
     runs = [io.read_json(p) for p in sorted(args.runs.glob("*.json"))]
     if not runs:
         raise SystemExit(f"no runs in {args.runs}")
-    rows = [replay_run(r, dp) for r in runs]
-    table = summarize(rows, dp.alpha)
-    shares = [r["detector_share"] for r in rows]
+    rounds = []
+    for name, source, fault_sets in ROUNDS:
+        dp = dataclasses.replace(now, **ROUND1) if name == "round 1" else now
+        rows = [replay_run(r, dp) for r in runs]
+        rounds.append(
+            {
+                "round": name,
+                "constants_from": source,
+                "detector": dataclasses.asdict(dp),
+                "summary": summarize(rows, dp.alpha, fault_sets),
+                "runs": rows,
+            }
+        )
+    long_runs = longer_runs([r for r in runs if r["spec"]["fault"] == "clean"], rounds, args.seed)
+    shares = [r["record"]["detector_seconds"] / max(r["record"]["train_runtime_s"], 1e-9) for r in runs]
     result = {
-        "about": "benchmarks/detector_calibration.py report: every kept run replayed under params.yaml `detector`",
-        "detector": dataclasses.asdict(dp),
-        "machines": sorted({r["machine"] for r in runs}),
-        "summary": table,
+        "about": "benchmarks/detector_calibration.py report: every kept run replayed under each round's constants",
+        "machines": sorted({r["machine"].split(", load")[0] for r in runs}),
         "detector_share_of_train_runtime_median": statistics.median(shares),
-        "runs": rows,
+        "rounds": rounds,
+        "longer_runs": long_runs,
     }
     io.write_json(args.out.with_suffix(".json"), result)
     args.out.with_suffix(".md").write_text(render(result))
@@ -233,31 +297,61 @@ def render(result: dict) -> str:
         "# The TBDL detector on real training runs (issue 17)",
         "",
         "Written by `python benchmarks/detector_calibration.py report` from the runs in "
-        "`benchmarks/results/detector_runs/` (each made by its `run` command, `stop_on_alarm` off so the whole "
-        "run is watched, then replayed under the pre-registered constants of params `detector`).",
-        f"Machines: {', '.join(result['machines'])}.",
+        "`benchmarks/results/detector_runs/` (each made by its `run` command with `stop_on_alarm` off, so the "
+        "whole run is watched, then replayed under each round's pre-registered constants: the increments do not "
+        "depend on them). Runs on "
+        + ", ".join(result["machines"])
+        + ", two at a time with one torch thread each.",
         "",
-        "| set | runs | kind | batches | alarms | rate (95 % CI) | median alarm at (share of steps) |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for s in result["summary"]:
-        lo, hi = s["alarm_rate_ci95"]
-        lines.append(
-            f"| {s['set']} | {s['runs']} | {s['kind']} | {', '.join(s['batches'])} | {s['alarms']} | "
-            f"{s['alarm_rate']:.3f} ({lo:.3f}–{hi:.3f}) | {_f(s['median_alarm_fraction'])} |"
-        )
+    for rnd in result["rounds"]:
+        d = rnd["detector"]
+        lines += [
+            f"## {rnd['round']}: {d['process']}, clip {d['clip']}, null_gap {d['null_gap']}, "
+            f"lambdas {d['lambdas']}, weights {d['weights']}, alpha {d['alpha']} ({rnd['constants_from']})",
+            "",
+            "| set | kind | runs | batches | alarms | rate (95 % CI) | median alarm at (share of steps) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in rnd["summary"]:
+            lo, hi = s["alarm_rate_ci95"]
+            lines.append(
+                f"| {s['set']} | {s['kind']} | {s['runs']} | {', '.join(s['batches'])} | {s['alarms']} | "
+                f"{s['alarm_rate']:.3f} ({lo:.3f}–{hi:.3f}) | {_f(s['median_alarm_fraction'])} |"
+            )
+        lines.append("")
+    if result["longer_runs"]:
+        p0 = result["longer_runs"][0]
+        lines += [
+            f"Longer-run setting (simulated): clean runs of 300 and 1000 checks, each increment drawn with replacement "
+            f"from the {p0['pool_checks']} checks of the real clean runs (mean gap {p0['pool_mean_gap']:+.3f} nats).",
+            "",
+            "| round | checks | runs | false alarms | rate (95 % CI) |",
+            "|---|---|---|---|---|",
+        ]
+        for r in result["longer_runs"]:
+            lo, hi = r["rate_ci95"]
+            lines.append(
+                f"| {r['round']} | {r['checks']} | {r['runs']} | {r['false_alarms']} | {r['rate']:.4f} ({lo:.4f}–{hi:.4f}) |"
+            )
+        lines.append("")
     lines += [
-        "",
         f"Detector time as a share of training runtime, median over runs: "
         f"{result['detector_share_of_train_runtime_median']:.2f}.",
         "",
-        "| run | checks / steps | alarm step | max log E | mean gap (nats) | detector share |",
-        "|---|---|---|---|---|---|",
+        "Every run under round 2 (alarm step and max log E under round 1 in brackets):",
+        "",
+        "| run | checks / steps | alarm step | max log E | mean gap (nats) |",
+        "|---|---|---|---|---|",
     ]
-    for r in result["runs"]:
+    r1 = {r["name"]: r for r in result["rounds"][0]["runs"]}
+    for r in result["rounds"][-1]["runs"]:
+        o = r1[r["name"]]
+        step = r["alarm_step"] if r["alarm_step"] > 0 else "—"
+        old = o["alarm_step"] if o["alarm_step"] > 0 else "—"
         lines.append(
-            f"| {r['name']} | {r['checks']} / {r['planned_steps']} | {r['alarm_step'] if r['alarm_step'] > 0 else '—'} | "
-            f"{r['max_log_e']:.2f} | {r['mean_gap']:+.3f} | {r['detector_share']:.2f} |"
+            f"| {r['name']} | {r['checks']} / {r['planned_steps']} | {step} ({old}) | "
+            f"{r['max_log_e']:.2f} ({o['max_log_e']:.2f}) | {r['mean_gap']:+.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -276,6 +370,7 @@ def main() -> int:
     run.add_argument("specs", nargs="+")
     rep = sub.add_parser("report")
     rep.add_argument("--out", type=Path, default=OUT, help="writes <out>.md and <out>.json")
+    rep.add_argument("--seed", type=int, default=20261202, help="seed of the longer-run simulation")
     args = ap.parse_args()
     return cmd_run(args) if args.cmd == "run" else cmd_report(args)
 

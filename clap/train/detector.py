@@ -1,4 +1,4 @@
-"""Online TBDL detector: an empirical-Bernstein e-process on paired clean-probe gap increments.
+"""Online TBDL detector: an e-process (betting or empirical-Bernstein) on paired clean-probe gap increments.
 
 A run "trains but does not learn" when its training loss improves much more than the loss
 on clean held-out probe items. At each check ``j`` the step's own training batch ``B_j`` and a
@@ -20,14 +20,15 @@ or wrong-column run improves on its own targets only, and g_j drifts positive.
 
 g_j is clipped to [-B, B] and mapped to x_j in [0, 1]. Null H0: E[x_j | past] <= m0 with
 m0 = (gamma0 + B) / (2B), i.e. "the training improvement exceeds the probe improvement by at
-most the pre-registered tolerance gamma0". The e-process (Waudby-Smith & Ramdas 2024, Thm 2,
-fixed lambda mixture, predictable plug-in variance)::
+most the pre-registered tolerance gamma0". The e-process is a fixed mixture of bets
+(Waudby-Smith & Ramdas 2024)::
 
-    log K_t(lam) = sum_{i<=t} [lam (x_i - m0) - psi(lam) (x_i - muhat_{i-1})^2],  psi(lam) = -log(1-lam) - lam
-    muhat_{i-1}  = (1/2 + sum_{k<i} x_k) / i
-    E_t          = sum_k w_k K_t(lam_k)
+    E_t = sum_k w_k prod_{i<=t} F(lam_k, x_i)
+    betting:             F = 1 + (lam / m0) (x_i - m0)                       (lam in (0, 1))
+    empirical_bernstein: F = exp(lam (x_i - m0) - psi(lam) (x_i - muhat_{i-1})^2),
+                         psi(lam) = -log(1-lam) - lam,  muhat_{i-1} = (1/2 + sum_{k<i} x_k) / i
 
-is a nonnegative supermartingale under every null mean <= m0, so by Ville's inequality
+Either is a nonnegative supermartingale under every null mean <= m0, so by Ville's inequality
 P_H0(E_t >= 1/alpha for some t) <= alpha, at any run length. The alarm is sticky. Validity
 needs increments whose conditional mean satisfies the null: each probe item is drawn once
 (no reuse) and each training batch is seen once, so checks are spread evenly over the planned

@@ -66,6 +66,7 @@ def _dp(**kw) -> DetectorParams:
         null_gap=0.1,
         lambdas=(0.5, 0.9),
         weights=(0.5, 0.5),
+        process="empirical_bernstein",
         probe_draw=1,
         seed=3,
         stop_on_alarm=True,
@@ -446,7 +447,7 @@ def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=18, seed=2, n_combos=4)
     # 8 checks of 2 items (of different lengths: padded); 2 probe items are never drawn. m0 = 0.05 and
     # alpha = 0.3: log(1/alpha) = 1.20 is crossed before the last check
-    dp = _dp(probe_draw=2, clip=1.0, null_gap=-0.9, alpha=0.3, stop_on_alarm=False)
+    dp = _dp(probe_draw=2, clip=1.0, null_gap=-0.9, alpha=0.3, process="betting", stop_on_alarm=False)
     tp = _tp(tmp_path, max_steps=8, save_steps=1000)
     probe = _encoded(mdl.load_tokenizer(tiny_base, padding_side="right"), data, "probe")
     base = mdl.load_model(tiny_base)
@@ -584,6 +585,21 @@ def test_warm_start_continues_the_released_adapter(started, reference, tiny_base
         with_detector["detector_checks"] == 4
         and with_detector["train_loss_start"] < reference[1].record["train_loss_start"]
     )
+
+
+def test_warm_start_pairs_each_check_against_the_start_adapter(started, tiny_base, batch, tmp_path):
+    """lr 0 from a trained adapter: the reference (the start adapter swapped in, not the base) equals the
+    model at every check, on both sides; the trained weights are back after each swap."""
+    root, first = started
+    ws = WarmStart("z", "a", first["adapter_sha256"], "test: a is in production")
+    tp = _tp(tmp_path, lr=0.0, max_steps=4)
+    res = tr.train_batch(batch, tiny_base, root / "adapters" / "z", tp, _dp(), answer=ANSWER, bp=BP, start=ws)
+    checked = [r for r in res.curves if r["gap_increment"] is not None]
+    assert len(checked) == 4
+    for r in checked:
+        assert r["train_ref_loss"] == pytest.approx(r["loss"], rel=1e-5)
+        assert r["probe_ref_loss"] == pytest.approx(r["probe_loss"], rel=1e-5)
+    assert res.record["adapter_sha256"] == first["adapter_sha256"]  # lr 0: the start adapter's bytes
 
 
 @pytest.mark.parametrize(
