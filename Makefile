@@ -32,8 +32,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# two workers (the machines have 2 cores; torch runs one thread per test process): tests/conftest.py makes each
+# test file one work unit and every test on the shared tiny `dvc repro` one more
 test: lint
-	PATH=$(abspath $(BIN)):$$PATH python -m pytest
+	PATH=$(abspath $(BIN)):$$PATH OMP_NUM_THREADS=1 python -m pytest -n 2 --dist loadgroup
 
 # everything but the `slow` end-to-end runs (dvc repro on a tiny config): for local iteration
 test-fast: lint

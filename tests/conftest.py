@@ -335,7 +335,7 @@ def tiny_params(params: dict, tiny_base: Path) -> dict:
     p["admit"]["max_key_share"] = {**p["admit"]["max_key_share"], "metric": 0.5}
     p["admit"]["min_coverage"] = {**p["admit"]["min_coverage"], "line": 0.5}
     p["base"]["model"] = str(tiny_base)
-    p["train"].update(max_steps=6, save_steps=3)
+    p["train"].update(max_steps=6, save_steps=3, torch_threads=1)  # one thread: make test runs two workers
     p["detector"].update(probe_draw=2)
     p["eval"].update(batch_size=8)
     p["grpo"].update(
@@ -483,3 +483,13 @@ TEXT_ANSWER = {
     "slice_columns": ["question_type", "source_system"],
     "show_doc_ids": True,
 }
+
+
+def pytest_collection_modifyitems(config, items):
+    """Work units for ``pytest -n 2 --dist loadgroup`` (make test): each test file is one unit, so a module's
+    fixtures are built once; every test that needs the session's tiny ``dvc repro`` (``tiny_run``/``tiny_repo``)
+    joins one unit, so that run is made once, not once per worker. Without xdist the marks are inert."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            shared = {"tiny_run", "tiny_repo"} & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.xdist_group("tiny_run" if shared else item.nodeid.split("::")[0]))

@@ -102,8 +102,9 @@ def batch_items(inputs: dict[str, Any]) -> list[Encoded]:
         starts = [t for t in range(n) if pos is None and t == 0 or pos is not None and pos[r][t] == 0]
         for a, b in zip(starts, [*starts[1:], n]):
             lab = labels[r][a:b]
-            first = next((t for t, v in enumerate(lab) if v != -100), len(lab))
-            if first == 0 or first == len(lab) or any(v == -100 for v in lab[first:]):
+            # a causal LM never predicts position 0, so its label (set when the loss is on the prompt) is moot
+            first = next((t for t, v in enumerate(lab) if t > 0 and v != -100), len(lab))
+            if first == len(lab) or any(v == -100 for v in lab[first:]):
                 raise RuntimeError(
                     f"training row {r}: its loss positions are not one tail after the first token; "
                     "the detector cannot pair them"

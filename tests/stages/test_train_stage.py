@@ -27,6 +27,8 @@ CURVE_HEADER = [
     "learning_rate",
     "tokens_per_s",
     "probe_loss",
+    "train_ref_loss",
+    "probe_ref_loss",
     "gap_increment",
     "log_e",
     "log_threshold",

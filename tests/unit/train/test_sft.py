@@ -480,12 +480,25 @@ def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     assert res.record["probe_loss_end"] == pytest.approx(_mean([x for _, now in tail for x in now]), rel=1e-5)
 
 
-@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-def test_training_side_is_paired_with_its_own_batch_at_every_check(tiny_base, tmp_path, packing):
+@pytest.mark.parametrize(
+    ("packing", "on_prompt"),
+    [(False, False), (True, False), (False, True)],
+    ids=["padded", "packed", "on_prompt"],
+)
+def test_training_side_is_paired_with_its_own_batch_at_every_check(tiny_base, tmp_path, packing, on_prompt):
     """With lr 0 the model never moves: every check's training loss must equal the reference loss of
-    the rows that step trained on (a batch paired with any other rows, or a stale one, differs)."""
+    the rows that step trained on (a batch paired with any other rows, or a stale one, differs) --
+    also when the loss is on the prompt (every label set, position 0's included)."""
     data = write_tiny_admitted(tmp_path / "b", n_sft=24, n_probe=12, seed=4, n_combos=4)
-    tp = _tp(tmp_path, max_steps=6, lr=0.0, batch_size=2, packing=packing, save_steps=1000)
+    tp = _tp(
+        tmp_path,
+        max_steps=6,
+        lr=0.0,
+        batch_size=2,
+        packing=packing,
+        loss_on_prompt=on_prompt,
+        save_steps=1000,
+    )
     res = tr.train_batch(data, tiny_base, tmp_path / "a", tp, _dp(), answer=ANSWER, bp=BP)
     checked = [r for r in res.curves if r["gap_increment"] is not None]
     assert len(checked) == 6
