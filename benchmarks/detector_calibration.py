@@ -7,8 +7,9 @@ its reference, the gap increment) in ``<runs>/<name>.json``. Runs already there 
 interrupted campaign resumes. ``report`` replays every kept run under the pre-registered constants of
 params ``detector`` (the increments do not depend on them) and writes the table.
 
-A spec is ``set:batch:fault:seed``: ``set`` is ``calibration`` (runs the constants may be chosen on)
-or ``validation`` (runs made after the constants were fixed); ``batch`` an admitted batch folder name
+A spec is ``set:batch:fault:seed``: ``set`` is ``calibration`` (runs the constants may be chosen on),
+``validation`` (runs made after round 1's constants were fixed) or ``validation2`` (faulted runs made
+after round 2's); ``batch`` an admitted batch folder name
 under ``--admitted``; ``fault`` ``clean``, ``relabel`` (every training answer moved to another item:
 :func:`clap.judge.calibrate.corrupt_sft`), ``dirty_values`` (30 % of the values swapped: a subtle
 fault) or ``as_is`` (the batch as admitted: the demo's wrong-column batch 2026-03 is faulty as it
@@ -16,6 +17,9 @@ arrived); ``seed`` the training seed (LoRA init and data order).
 
     .venv/bin/python benchmarks/detector_calibration.py run --admitted /tmp/det/admitted \\
         validation:2026-02:clean:1 validation:2026-03:as_is:2 ...
+    # the real-data profile (its admitted batches from `dvc repro admit@...` in profiles/tatqa):
+    .venv/bin/python benchmarks/detector_calibration.py --params profiles/tatqa/params.yaml run \\
+        --admitted profiles/tatqa/data/admitted validation2:reports-a:relabel:20260331 ...
     .venv/bin/python benchmarks/detector_calibration.py report
 """
 
@@ -44,7 +48,18 @@ RUNS = ROOT / "benchmarks/results/detector_runs"
 OUT = ROOT / "benchmarks/results/detector_calibration"
 FAULTS = ("clean", "relabel", "dirty_values", "as_is")
 SETS = ("calibration", "validation", "validation2")  # validation2: faulted runs made after round 2 was fixed
-SEVERE = ("relabel", "as_is")  # the faults the targets are about (as_is: only on a corrupted batch)
+# the targets are about severe faults: relabel, and as_is on a corrupted batch (the demo's wrong column 2026-03);
+# corrupted batches whose fault is subtle: TAT-QA's wrong-cell copy (51 of 324 training answers another verbatim fact)
+SUBTLE_BATCHES = ("reports-b-wrongcell",)
+
+
+def severity(fault: str, batch: str) -> str:
+    """``severe``, ``subtle`` or ``clean``: what the run's fault is counted as in the tables."""
+    if fault == "clean":
+        return "clean"
+    return "subtle" if fault == "dirty_values" or batch in SUBTLE_BATCHES else "severe"
+
+
 KEEP = ("step", "loss", "train_ref_loss", "probe_loss", "probe_ref_loss", "gap_increment", "log_e")
 
 
@@ -65,6 +80,12 @@ class Spec:
         if len(part) != 4 or part[0] not in SETS or part[2] not in FAULTS:
             raise SystemExit(f"bad spec {text!r}: set:batch:fault:seed, set in {SETS}, fault in {FAULTS}")
         return cls(part[0], part[1], part[2], int(part[3]))
+
+
+def profile_of(params: Path) -> str:
+    """``demo`` for the root params.yaml, else the profile folder's name (``tatqa``)."""
+    params = params.resolve()
+    return "demo" if params == ROOT / "params.yaml" else params.parent.name
 
 
 def train_run(spec: Spec, admitted: Path, base: Path, params: Path, work: Path, threads: int) -> dict:
@@ -93,6 +114,7 @@ def train_run(spec: Spec, admitted: Path, base: Path, params: Path, work: Path, 
     checks = [{k: r[k] for k in KEEP} for r in res.curves if r["gap_increment"] is not None]
     return {
         "spec": dataclasses.asdict(spec),
+        "profile": profile_of(params),
         "machine": machine(),
         "torch_threads": tp.torch_threads,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -157,6 +179,7 @@ def replay_run(run: dict, dp) -> dict:
     return {
         "name": Spec(**run["spec"]).name,
         **run["spec"],
+        "profile": run.get("profile", "demo"),
         "checks": len(checks),
         "planned_steps": planned,
         "alarm_step": step,
@@ -183,16 +206,19 @@ def summarize(rows: list[dict], alpha: float, fault_sets: tuple[str, ...]) -> li
     """Per set and kind: runs, alarms (rate, 95 % CI), median alarm fraction."""
     out = []
     kinds = [
-        ("severe faults", lambda r: r["fault"] in SEVERE),
-        ("subtle faults (dirty_values 30 %)", lambda r: r["fault"] == "dirty_values"),
+        ("severe faults", lambda r: severity(r["fault"], r["batch"]) == "severe"),
+        ("subtle faults", lambda r: severity(r["fault"], r["batch"]) == "subtle"),
         ("clean", lambda r: r["fault"] == "clean"),
     ]
-    for set_name, sets in (("calibration", ("calibration",)), ("validation", ("validation", *fault_sets))):
+    groups = [(s, p) for s in ("calibration", "validation") for p in sorted({r["profile"] for r in rows})]
+    for set_name, profile in groups:
+        sets = ("calibration",) if set_name == "calibration" else ("validation", *fault_sets)
         for kind, keep in kinds:
             sel = [
                 r
                 for r in rows
                 if keep(r)
+                and r["profile"] == profile
                 and (r["set"] in (sets if kind == "clean" or set_name == "calibration" else fault_sets))
             ]
             if not sel:
@@ -203,6 +229,7 @@ def summarize(rows: list[dict], alpha: float, fault_sets: tuple[str, ...]) -> li
             out.append(
                 {
                     "set": set_name,
+                    "profile": profile,
                     "kind": kind,
                     "runs": len(sel),
                     "alarms": len(hit),
@@ -303,6 +330,12 @@ def render(result: dict) -> str:
         + ", ".join(result["machines"])
         + ", two at a time with one torch thread each.",
         "",
+        "Both rounds' constants were chosen on the two calibration runs of 2026-01 (seed 20260301) only. Round 1's "
+        "faulted validation runs (set `validation`) were made, and seen, before round 2 was fixed, so round 2 is "
+        "validated on the faulted runs made after it (set `validation2`, new seeds); the clean validation runs were "
+        "all made after round 2 was fixed and serve both. Severe faults: `relabel` (answers permuted across rows) "
+        "and `as_is` on 2026-03, the demo batch whose answers come from the wrong column.",
+        "",
     ]
     for rnd in result["rounds"]:
         d = rnd["detector"]
@@ -310,13 +343,13 @@ def render(result: dict) -> str:
             f"## {rnd['round']}: {d['process']}, clip {d['clip']}, null_gap {d['null_gap']}, "
             f"lambdas {d['lambdas']}, weights {d['weights']}, alpha {d['alpha']} ({rnd['constants_from']})",
             "",
-            "| set | kind | runs | batches | alarms | rate (95 % CI) | median alarm at (share of steps) |",
-            "|---|---|---|---|---|---|---|",
+            "| set | profile | kind | runs | batches | alarms | rate (95 % CI) | median alarm at (share of steps) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for s in rnd["summary"]:
             lo, hi = s["alarm_rate_ci95"]
             lines.append(
-                f"| {s['set']} | {s['kind']} | {s['runs']} | {', '.join(s['batches'])} | {s['alarms']} | "
+                f"| {s['set']} | {s['profile']} | {s['kind']} | {s['runs']} | {', '.join(s['batches'])} | {s['alarms']} | "
                 f"{s['alarm_rate']:.3f} ({lo:.3f}–{hi:.3f}) | {_f(s['median_alarm_fraction'])} |"
             )
         lines.append("")
