@@ -3,16 +3,17 @@
 Runs clap's train path (``clap.train.sft.train_batch`` with params ``train``, ``detector`` and
 ``task`` of ``--params``, the determinism section applied as the stage applies it) on one
 admitted batch and reports the training record's ``detector_seconds`` / ``train_runtime_s``.
-The base side (``Diagnosis.on_train_begin``: the pilot items and the probe items' base losses,
-scored once before training) is timed apart from the checks (the probe draws scored during
-training). ``--code`` imports clap from another checkout (a worktree of main, say), so one
+The base side (``Diagnosis.on_train_begin``: the probe items' reference losses, scored once before
+training; before the paired detector also a pilot draw of training items) is timed apart from the
+checks (each check's probe draw, and since the paired detector its training batch under the start
+model). The committed results predate the paired detector. ``--code`` imports clap from another checkout (a worktree of main, say), so one
 script measures before and after; each result goes under ``--label`` in ``--out``.
 
     nice -n 10 .venv/bin/python benchmarks/detector_cost.py --data data/admitted/2026-01 \
         --base models/base [--code PATH] [--max-steps N] [--label after] [--note "what else ran"]
 
-``--max-steps`` shortens the run; the base side's share then grows (it scores the pilot and the
-probe items of the whole run before the first step), so compare only runs of equal length.
+``--max-steps`` shortens the run; the base side's share then grows (it scores the probe items of
+the whole run before the first step), so compare only runs of equal length.
 """
 
 from __future__ import annotations
