@@ -45,6 +45,7 @@ def run(data: Path, base: Path, params_file: Path, max_steps: int | None) -> dic
     from clap import determinism, params
     from clap.task.answer import load_answer_schema
     from clap.train import diagnosis, sft
+    from clap.train.budget import budget_params
     from clap.train.detector import DetectorParams
 
     tp = params.section("train", sft.TrainParams, params_file)
@@ -66,7 +67,13 @@ def run(data: Path, base: Path, params_file: Path, max_steps: int | None) -> dic
             tp = dataclasses.replace(tp, max_steps=max_steps)
         start = time.perf_counter()
         res = sft.train_batch(
-            data, base, Path(tmp) / "adapter", tp, dp, answer=load_answer_schema(params_file)
+            data,
+            base,
+            Path(tmp) / "adapter",
+            tp,
+            dp,
+            answer=load_answer_schema(params_file),
+            bp=budget_params(params_file),
         )
         wall = time.perf_counter() - start
     rec = res.record

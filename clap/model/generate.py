@@ -1,4 +1,6 @@
-"""Batched greedy generation for chat prompts: shared-prefix KV, left padding, shrinking batches.
+"""Batched generation for chat prompts: shared-prefix KV, left padding, shrinking batches.
+
+Greedy for eval, replay and serving; sampled (:class:`Sampling`) for the GRPO probe's rollouts.
 
 Every prompt starts with the same tokens (chat template + system prompt: 67 of ~150 tokens in
 the demo), so their keys and values are computed once and copied into each batch's cache.
@@ -42,6 +44,7 @@ class Generation:
         batch_wall_ms: wall time of the whole batch the item was generated in.
         batch_size: items in that batch.
         batch_index: which batch (0-based, in generation order).
+        token_ids: the new tokens themselves (``new_tokens`` of them).
     """
 
     text: str
@@ -51,6 +54,30 @@ class Generation:
     batch_wall_ms: float
     batch_size: int
     batch_index: int
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Ancestral sampling instead of greedy: each token drawn from ``softmax(logits / temperature)``
+    (after a constraint's mask) with ``generator``, the only source of randomness, so a seeded
+    generator reproduces the draws. No top-k, top-p or repetition penalty: the GRPO probe's rollouts
+    sample the policy itself (:func:`clap.train.grpo.clap_rollouts` refuses other settings).
+    """
+
+    temperature: float
+    generator: Any  # torch.Generator on the model's device
+
+    def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"sampling temperature must be > 0, got {self.temperature}")
+
+    def pick(self, logits: Any) -> list[int]:
+        """One token per row of ``logits`` (rows x vocabulary)."""
+        import torch
+
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0].tolist()
 
 
 def encode_chats(tokenizer: Any, chats: Sequence[Messages]) -> list[list[int]]:
@@ -119,7 +146,7 @@ def _buffered_cache(prefix: Any, rows: int, capacity: int) -> Any:
     return Cache(layers=layers) if layers else Cache(layer_class_to_replicate=BufferedLayer)
 
 
-def _greedy(
+def _decode(
     model: Any,
     prefix: Any,
     prefix_len: int,
@@ -129,8 +156,10 @@ def _greedy(
     stops: set[int],
     grammars: Grammars | None = None,
     row_grammars: Sequence[Grammar] = (),
+    sampling: Sampling | None = None,
 ) -> list[list[int]]:
-    """Greedy new tokens for each suffix row after the shared prefix, each ending at its first stop token.
+    """New tokens for each suffix row after the shared prefix, each ending at its first stop token:
+    greedy, or drawn by ``sampling``.
 
     With ``grammars`` (and one grammar per row in ``row_grammars``) every step's logits are masked to what the
     grammar allows, and the tokens the grammar then forces are fed with the chosen one in a single forward
@@ -167,7 +196,7 @@ def _greedy(
             for j, row in enumerate(alive):
                 matchers[row].fill(bitmask, j)
             grammars.apply(logits, bitmask[: len(alive)])
-        tokens = logits.argmax(-1).tolist()
+        tokens = logits.argmax(-1).tolist() if sampling is None else sampling.pick(logits)
         keep, feeds = [], []
         for j, (row, tok) in enumerate(zip(alive, tokens)):
             generated[row].append(tok)
@@ -222,8 +251,9 @@ def generate_batched(
     max_new_tokens: int,
     desc: str | None = "generate",
     constraint: Constraint | None = None,
+    sampling: Sampling | None = None,
 ) -> list[Generation]:
-    """Greedy answers to ``chats`` in input order.
+    """Greedy (or sampled) answers to ``chats`` in input order.
 
     Args:
         model: any Hugging Face causal LM (eval mode).
@@ -233,6 +263,7 @@ def generate_batched(
         max_new_tokens: generation budget per item.
         desc: progress label (:class:`clap.progress.Progress`, items); None: no progress shown.
         constraint: decode each chat only as its grammar allows (None: free decoding).
+        sampling: draw each token (:class:`Sampling`); None: greedy.
 
     Returns:
         One :class:`Generation` per chat, same order as ``chats``.
@@ -264,7 +295,7 @@ def generate_batched(
         for batch_index, lo in enumerate(range(0, len(order), batch_size)):
             idx = order[lo : lo + batch_size]
             start = time.perf_counter()
-            new_rows = _greedy(
+            new_rows = _decode(
                 model,
                 prefix,
                 prefix_len,
@@ -274,6 +305,7 @@ def generate_batched(
                 stops,
                 constraint.grammars if constraint is not None else None,
                 [constraint.per_chat[i] for i in idx] if constraint is not None else (),
+                sampling,
             )
             # the shared prefix's one forward pass is billed to the batches in proportion to their size
             wall_ms = (time.perf_counter() - start) * 1000.0 + prefix_ms * len(idx) / len(encoded)
@@ -288,6 +320,7 @@ def generate_batched(
                     wall_ms,
                     len(idx),
                     batch_index,
+                    tuple(row),
                 )
             if bar is not None:
                 bar.update(len(idx))

@@ -97,6 +97,69 @@ def probe_rows(items: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> l
     return rows
 
 
+# --- rollouts -----------------------------------------------------------------------------
+# TRL's sampling knobs and the values at which they do nothing (clap's rollouts implement none of them)
+PLAIN_SAMPLING = {"top_p": (1.0,), "top_k": (0, None), "min_p": (None, 0.0), "repetition_penalty": (1.0,)}
+
+
+def clap_rollouts(seed: int) -> Callable[[list[Any], Any], dict[str, Any]]:
+    """TRL's ``rollout_func``: the probe's completions sampled by clap's batched generator.
+
+    TRL's own path runs ``model.generate`` on the left-padded group: the shared prompt is prefilled once
+    per completion and the cache re-concatenated every token. :func:`clap.model.generate.generate_batched`
+    prefills the prompt once and writes keys and values in place; its :class:`~clap.model.generate.Sampling`
+    draws from ``softmax(logits / temperature)``, TRL's sampling under the probe's settings (no top-k,
+    top-p, min-p or repetition penalty: anything else is refused, never silently dropped). The draws come
+    from a generator seeded with ``(seed, step)``, so a probe is reproducible. One completion per prompt
+    TRL hands over (its sampler already repeats each prompt ``num_generations`` times), each up to and
+    including its first end-of-sequence token, as TRL's path returns them; prompts tokenized through the
+    chat template with the generation prompt, as TRL does. No sampling log-probabilities: TRL uses them
+    only for vLLM's importance-sampling correction.
+    """
+    import torch
+
+    from clap.model.generate import Sampling, encode_chats, generate_batched
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        other = {
+            k: getattr(trainer, k) for k, off in PLAIN_SAMPLING.items() if getattr(trainer, k) not in off
+        }
+        if trainer.args.generation_kwargs:
+            other["generation_kwargs"] = trainer.args.generation_kwargs
+        if trainer.chat_template is not None or trainer.chat_template_kwargs or trainer.tools:
+            other["chat template"] = "a template, its kwargs or tools of TRL's own"
+        if other:
+            raise ClapError(
+                "grpo.rollouts clap samples from softmax(logits / temperature) with the tokenizer's chat template "
+                f"only; set rollouts: trl for {other}"
+            )
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        was_training = model.training
+        model.eval()
+        generator = torch.Generator(device=model.device)
+        generator.manual_seed(seed * 1_000_003 + int(trainer.state.global_step))
+        try:
+            gens = generate_batched(
+                model,
+                tokenizer,
+                prompts,
+                batch_size=len(prompts),
+                max_new_tokens=trainer.max_completion_length,
+                desc=None,
+                sampling=Sampling(trainer.temperature, generator),
+            )
+        finally:
+            model.train(was_training)
+        return {
+            "prompt_ids": encode_chats(tokenizer, prompts),
+            "completion_ids": [list(g.token_ids) for g in gens],
+            "logprobs": None,
+        }
+
+    return rollout
+
+
 # --- trainer ------------------------------------------------------------------------------
 def grpo_config(p: GrpoParams, out_dir: Path, device: str):
     """The GRPOConfig: every knob from params; one generation round per optimizer step; CPU-safe."""
@@ -287,6 +350,7 @@ def _train(
             processing_class=mdl.load_tokenizer(base_dir, padding_side="left"),
             peft_config=peft_config,
             callbacks=[diag],
+            rollout_func=clap_rollouts(p.seed) if p.rollouts == "clap" else None,
         )
         quiet_trainer(trainer, TrainProgress(f"grpo {adapter_dir.name}", ("reward", "kl")))
         trainer.train()

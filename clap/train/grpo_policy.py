@@ -59,6 +59,7 @@ class GrpoParams:
     prompts_per_step: int
     max_completion_length: int
     temperature: float
+    rollouts: str  # clap | trl
     inject_kl_at_step: int
     inject_kl_noise_std: float
     thresholds: GrpoThresholds
@@ -72,10 +73,11 @@ class GrpoParams:
             or self.start_from not in ("base", "sft")
             or self.beta <= 0
             or self.num_generations < 2
+            or self.rollouts not in ("clap", "trl")
         ):
             raise ClapError(
                 "grpo: enabled must be true, false or a list of batch names; start_from base|sft; beta > 0 "
-                "(else TRL logs no KL); num_generations >= 2",
+                "(else TRL logs no KL); num_generations >= 2; rollouts clap|trl",
                 file="params.yaml",
                 column="grpo",
                 rule="bad_params",

@@ -1,4 +1,5 @@
-"""clap.model.generate: batched left-padded greedy generation equals per-item generation, in input order."""
+"""clap.model.generate: batched left-padded greedy generation equals per-item generation, in input order;
+sampled generation draws each token from the model's own softmax, reproducibly."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clap.model.generate import encode_chats, generate_batched, stop_ids
+from clap.model.generate import Sampling, encode_chats, generate_batched, stop_ids
 from clap.task.answer import load_answer_schema
 from clap.task.prompt import build_messages
 
@@ -120,12 +121,12 @@ def test_rows_leave_the_batch_at_their_stop_token(model_and_tok, monkeypatch):
 
 def test_rows_without_a_shared_prefix_are_left_padded(model_and_tok):
     """No common prefix (prefix_len 0): plain left padding, still equal to unpadded generation."""
-    from clap.model.generate import _greedy
+    from clap.model.generate import _decode
 
     model, tok = model_and_tok
     rows = [[5, 9, 13, 2 + i] * (1 + i) for i in range(4)]
     with torch.inference_mode():
-        got = _greedy(model, None, 0, rows, tok.pad_token_id, 6, set())
+        got = _decode(model, None, 0, rows, tok.pad_token_id, 6, set())
         for row, new in zip(rows, got):
             ref = model.generate(
                 input_ids=torch.tensor([row]),
@@ -151,3 +152,57 @@ def test_shared_prefix_length(rows, expected):
     from clap.model.generate import shared_prefix_length
 
     assert shared_prefix_length(rows) == expected
+
+
+def test_sampling_draws_from_the_tempered_softmax():
+    from scipy import stats
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(40_000, -1)
+    draws = Sampling(0.7, torch.Generator().manual_seed(3)).pick(logits)
+    expected = torch.softmax(logits[0] / 0.7, dim=-1).numpy() * len(draws)
+    observed = [draws.count(t) for t in range(4)]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    with pytest.raises(ValueError):
+        Sampling(0.0, torch.Generator())
+
+
+def test_sampled_tokens_follow_the_models_own_conditionals(model_and_tok):
+    """Each sampled token is the draw a fresh full forward over the prompt and the tokens so far gives
+    from a generator in the same state: the cache, positions and sampling feed the right logits."""
+    model, tok = model_and_tok
+    chat = build_messages(QUESTIONS[2], DOCS[:1], ANSWER)
+    got = generate_batched(
+        model,
+        tok,
+        [chat],
+        batch_size=1,
+        max_new_tokens=8,
+        sampling=Sampling(1.3, torch.Generator().manual_seed(5)),
+    )[0]
+    replay = Sampling(1.3, torch.Generator().manual_seed(5))
+    ids = encode_chats(tok, [chat])[0]
+    with torch.inference_mode():
+        for token in got.token_ids:
+            assert replay.pick(model(input_ids=torch.tensor([ids])).logits[:, -1]) == [token]
+            ids.append(token)
+    assert got.new_tokens == len(got.token_ids) and got.text == tok.decode(
+        got.token_ids, skip_special_tokens=True
+    )
+
+
+def test_a_group_of_one_prompt_samples_different_reproducible_completions(model_and_tok):
+    """The GRPO case: copies of one prompt in one batch (its whole prompt is the shared prefix)."""
+    model, tok = model_and_tok
+    chats = [build_messages(QUESTIONS[0], DOCS, ANSWER)] * 4
+
+    def draw(seed):
+        sampling = Sampling(1.0, torch.Generator().manual_seed(seed))
+        return [
+            g.token_ids
+            for g in generate_batched(model, tok, chats, batch_size=4, max_new_tokens=6, sampling=sampling)
+        ]
+
+    first = draw(11)
+    assert first == draw(11) and len(set(first)) > 1 and first != draw(12)
+    stops = set(stop_ids(model, tok))
+    assert all(len(c) == 6 or (c[-1] in stops and not stops & set(c[:-1])) for c in first)

@@ -1,10 +1,12 @@
-"""clap.train.grpo on the tiny model: the reward is eval's score, a KL blow-up is held, a calm run finishes, the switch is respected."""
+"""clap.train.grpo on the tiny model: the reward is eval's score, a KL blow-up is held, a calm run finishes
+(rollouts by clap's generator or TRL's), clap's rollouts are what TRL's path returns, the switch is respected."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import GRPO_ADMIT as ADMIT
@@ -14,7 +16,14 @@ from clap import io, params
 from clap.errors import ClapError
 from clap.task.scoring import reward, scoring_params
 from clap.train.diagnosis import curves_csv
-from clap.train.grpo import NOT_RUN_FILE, completion_text, probe_rows, reward_function, run_probe
+from clap.train.grpo import (
+    NOT_RUN_FILE,
+    clap_rollouts,
+    completion_text,
+    probe_rows,
+    reward_function,
+    run_probe,
+)
 from clap.train.grpo_policy import CURVE_COLUMNS, GrpoParams
 from clap.train.sft import TrainParams
 
@@ -94,11 +103,11 @@ def test_injected_kl_blowup_is_stopped_and_held(batch, tiny_base, tmp_path):
     )  # the held candidate is kept
 
 
-def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path):
+@pytest.mark.parametrize("rollouts", ["clap", "trl"])
+def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path, rollouts):
     data, admit = batch
-    res = run_probe(
-        data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(lr=1e-6), SP, TP
-    )
+    p = tiny_params(lr=1e-6, rollouts=rollouts)
+    res = run_probe(data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", p, SP, TP)
     rec = res.record
     assert (
         rec["run"],
@@ -159,3 +168,63 @@ def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
     )
     assert (held.record["run"], held.record["stop_reason"]) == (0, "sft_not_trained")
     assert io.read_json(tmp_path / "h" / NOT_RUN_FILE)["reason"] == "sft_not_trained"
+
+
+def fake_trainer(model, tok, step=0, **overrides):
+    """What clap_rollouts reads of a GRPOTrainer (its attribute names in TRL 1.16), at TRL's defaults."""
+    attrs = {
+        "accelerator": SimpleNamespace(unwrap_model=lambda m: m),
+        "model": model,
+        "processing_class": tok,
+        "state": SimpleNamespace(global_step=step),
+        "max_completion_length": 5,
+        "args": SimpleNamespace(generation_kwargs=None),
+        "chat_template": None,
+        "chat_template_kwargs": {},
+        "tools": None,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": None,
+        "repetition_penalty": 1.0,
+    }
+    return SimpleNamespace(**{**attrs, **overrides})
+
+
+def test_clap_rollouts_return_what_trls_path_returns(batch, tiny_base):
+    from clap.model.base import load_model, load_tokenizer
+    from clap.model.generate import stop_ids
+
+    data, _ = batch
+    rows = probe_rows(io.read_parquet(data / "grpo.parquet"), io.read_parquet(data / "kb.parquet"), SP.answer)
+    prompts = [rows[0]["prompt"]] * 3 + [rows[1]["prompt"]] * 3  # TRL's sampler repeats each prompt
+    model, tok = load_model(tiny_base), load_tokenizer(tiny_base, padding_side="left")
+    model.train()
+    out = clap_rollouts(seed=7)(prompts, fake_trainer(model, tok))
+    # TRL's own tokenization of conversational prompts (GRPOTrainer._tokenize_prompts, no tools or kwargs)
+    trl_ids = tok.apply_chat_template(
+        conversation=prompts, chat_template=None, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert out["prompt_ids"] == [list(x) for x in trl_ids] and out["logprobs"] is None
+    stops = set(stop_ids(model, tok))
+    completions = out["completion_ids"]
+    assert len(completions) == len(prompts) and model.training  # the train mode is restored
+    # up to and including the first end-of-sequence token, as TRL's generate path cuts them
+    assert all(len(c) == 5 or (c[-1] in stops and not stops & set(c[:-1])) for c in completions)
+    assert out == clap_rollouts(seed=7)(prompts, fake_trainer(model, tok))  # seeded by (seed, step)
+    assert out != clap_rollouts(seed=7)(prompts, fake_trainer(model, tok, step=1))
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [
+        {"top_p": 0.9},
+        {"top_k": 50},
+        {"min_p": 0.05},
+        {"repetition_penalty": 1.1},
+        {"chat_template_kwargs": {"x": 1}},
+    ],
+)
+def test_clap_rollouts_refuse_sampling_they_do_not_implement(knob):
+    with pytest.raises(ClapError, match="rollouts: trl"):
+        clap_rollouts(seed=0)([], fake_trainer(None, None, **knob))
