@@ -6,7 +6,7 @@ admitted batch and reports the training record's ``detector_seconds`` / ``train_
 The base side (``Diagnosis.on_train_begin``: the probe items' reference losses, scored once before
 training; before the paired detector also a pilot draw of training items) is timed apart from the
 checks (each check's probe draw, and since the paired detector its training batch under the start
-model). The committed results predate the paired detector. ``--code`` imports clap from another checkout (a worktree of main, say), so one
+model). The entries dated 2026-12-03 measure the paired detector (before and after its cached prompt prefix); the older ones predate it. ``--code`` imports clap from another checkout (a worktree of main, say), so one
 script measures before and after; each result goes under ``--label`` in ``--out``.
 
     nice -n 10 .venv/bin/python benchmarks/detector_cost.py --data data/admitted/2026-01 \

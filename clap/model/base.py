@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,7 +306,47 @@ def length_batches(items: list[Encoded], max_tokens: int) -> list[list[int]]:
     return batches
 
 
-def completion_nll(model, items: list[Encoded], *, max_tokens: int) -> list[tuple[float, int]]:
+@dataclass(frozen=True)
+class Prefix:
+    """Tokens that scored items start with, and their keys and values under one fixed model
+    (:func:`prefix_cache`): :func:`completion_nll` then runs only each item's tokens after them."""
+
+    ids: tuple[int, ...]
+    cache: Any  # a one-row transformers Cache
+
+
+def prefix_cache(model, ids: Sequence[int]) -> Prefix:
+    """The keys and values of ``ids`` under ``model`` as it is now (LoRA layers as switched), one forward."""
+    import torch
+
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = lm.get_output_embeddings().weight.device
+    with torch.no_grad():
+        out = lm.get_decoder()(input_ids=torch.tensor([list(ids)], device=device), use_cache=True)
+    return Prefix(tuple(int(i) for i in ids), out.cache)
+
+
+def shared_prompt_prefix(items: Sequence[Encoded]) -> tuple[int, ...]:
+    """The tokens every item's prompt starts with, leaving each prompt at least one token after them
+    (:func:`clap.model.kv.shared_prefix_length`); () for no items."""
+    from clap.model.kv import shared_prefix_length
+
+    prompts = [it.input_ids[: it.n_prompt] for it in items]
+    return tuple(prompts[0][: shared_prefix_length(prompts)]) if prompts else ()
+
+
+def _prefix_cut(item: Encoded, prefix: Prefix | None) -> int:
+    """How many leading tokens of ``item`` the prefix's cache covers: all of the prefix when the item
+    starts with it and at least its first completion token's predicting position lies after it; else 0."""
+    if prefix is None:
+        return 0
+    n = len(prefix.ids)
+    return n if item.n_prompt > n and item.input_ids[:n] == prefix.ids else 0
+
+
+def completion_nll(
+    model, items: list[Encoded], *, max_tokens: int, prefix: Prefix | None = None
+) -> list[tuple[float, int]]:
     """Summed negative log-likelihood and token count of each item's completion under ``model``.
 
     One forward per padded batch (:func:`length_batches`: similar lengths together, at most
@@ -314,48 +355,75 @@ def completion_nll(model, items: list[Encoded], *, max_tokens: int) -> list[tupl
     positions come after every real token of the row). The LM head is applied only to
     completion positions (no full-vocabulary logits); the prompt is masked from the score.
 
+    With ``prefix`` (computed by :func:`prefix_cache` under the same weights as ``model`` now), an
+    item that starts with its tokens is fed only the tokens after them, attending to the cached keys
+    and values: the same arithmetic for every position after the prefix (causal attention: the
+    prefix's keys and values do not depend on what follows), without recomputing the prefix.
+
     Args:
         model: a causal LM or a PeftModel around one (LoRA layers are applied unless the
             caller disabled them).
         items: encoded examples.
         max_tokens: padded tokens per forward (a longer item gets a forward of its own).
+        prefix: shared leading tokens already run through ``model`` (None: every item in full).
 
     Returns:
         One (nll_sum, n_tokens) per item, in order.
     """
     import torch
 
+    from clap.model.kv import buffered_cache
+
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = lm.get_decoder(), lm.get_output_embeddings()
     device = head.weight.device
     out: list[tuple[float, int]] = [(0.0, 0)] * len(items)
+    cuts = [_prefix_cut(it, prefix) for it in items]
+    # each item as the rows the forward sees: its tokens after the cut, its prompt shortened by it
+    views = [Encoded(it.input_ids[c:], it.n_prompt - c) for it, c in zip(items, cuts)]
     with torch.no_grad():
-        for batch in length_batches(items, max_tokens):
-            lengths = [len(items[i].input_ids) for i in batch]
-            width = max(lengths)
-            ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-            mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-            for row, (i, n) in enumerate(zip(batch, lengths)):
-                ids[row, :n] = torch.tensor(items[i].input_ids, device=device)
-                mask[row, :n] = 1
-            # no padding in the batch: no mask, so attention keeps its causal fast path
-            padded = min(lengths) < width
-            hidden = decoder(
-                input_ids=ids, attention_mask=mask if padded else None, use_cache=False
-            ).last_hidden_state
-            # positions n_prompt-1 .. n-2 of each row predict its completion tokens
-            rows = torch.cat(
-                [
-                    torch.full((n - items[i].n_prompt,), r, device=device)
-                    for r, (i, n) in enumerate(zip(batch, lengths))
-                ]
-            )
-            cols = torch.cat(
-                [torch.arange(items[i].n_prompt - 1, n - 1, device=device) for i, n in zip(batch, lengths)]
-            )
-            logp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
-            token_nll = -logp.gather(1, ids[rows, cols + 1][:, None])[:, 0]
-            counts = [n - items[i].n_prompt for i, n in zip(batch, lengths)]
-            for i, nll in zip(batch, torch.split(token_nll, counts)):
-                out[i] = (float(nll.sum()), int(nll.numel()))
+        for cut in sorted(set(cuts)):
+            group = [i for i, c in enumerate(cuts) if c == cut]
+            for sub in length_batches([views[i] for i in group], max_tokens):
+                batch = [group[j] for j in sub]
+                lengths = [len(views[i].input_ids) for i in batch]
+                width = max(lengths)
+                ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+                mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+                for row, (i, n) in enumerate(zip(batch, lengths)):
+                    ids[row, :n] = torch.tensor(views[i].input_ids, device=device)
+                    mask[row, :n] = 1
+                if cut:
+                    ones = torch.ones(len(batch), cut, dtype=torch.long, device=device)
+                    hidden = decoder(
+                        input_ids=ids,
+                        attention_mask=torch.cat([ones, mask], dim=1),
+                        position_ids=torch.arange(cut, cut + width, device=device).expand(len(batch), -1),
+                        cache=buffered_cache(prefix.cache, len(batch), cut + width),
+                        use_cache=True,
+                    ).last_hidden_state
+                else:
+                    # no padding in the batch: no mask, so attention keeps its causal fast path
+                    padded = min(lengths) < width
+                    hidden = decoder(
+                        input_ids=ids, attention_mask=mask if padded else None, use_cache=False
+                    ).last_hidden_state
+                # positions n_prompt-1 .. n-2 of each row predict its completion tokens
+                rows = torch.cat(
+                    [
+                        torch.full((n - views[i].n_prompt,), r, device=device)
+                        for r, (i, n) in enumerate(zip(batch, lengths))
+                    ]
+                )
+                cols = torch.cat(
+                    [
+                        torch.arange(views[i].n_prompt - 1, n - 1, device=device)
+                        for i, n in zip(batch, lengths)
+                    ]
+                )
+                logp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
+                token_nll = -logp.gather(1, ids[rows, cols + 1][:, None])[:, 0]
+                counts = [n - views[i].n_prompt for i, n in zip(batch, lengths)]
+                for i, nll in zip(batch, torch.split(token_nll, counts)):
+                    out[i] = (float(nll.sum()), int(nll.numel()))
     return out

@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from clap import io
-from clap.model.base import Encoded, completion_nll
+from clap.model.base import Encoded, Prefix, completion_nll, prefix_cache
 from clap.progress import Progress
 from clap.train import detector as det
 from clap.train.diagnosis import (
@@ -162,6 +162,10 @@ class Diagnosis(TrainerCallback):
             starts from: the base model (the LoRA layers switched off: a fresh LoRA's B is zero,
             so that is its start exactly) or these weights swapped in for the scoring forward.
             The detector asks what *this run* taught.
+        prefix_ids: tokens every training and probe prompt starts with (chat template, system
+            prompt): their keys and values under the reference weights are computed once, and every
+            reference score runs only the tokens after them (the reference weights never change
+            during a run). Empty: reference scores run every token.
 
     The training side of a check is paired like the probe side: the trainer calls
     :meth:`see_batch` with each micro-batch it computes the loss on (:func:`paired_trainer`), and
@@ -176,9 +180,12 @@ class Diagnosis(TrainerCallback):
         max_tokens: int,
         inject_nan_at_step: int,
         start_weights: dict[str, Any] | None = None,
+        prefix_ids: Sequence[int] = (),
     ):
         self.p, self.probe = params, probe
         self.start_weights = start_weights
+        self.prefix_ids = tuple(prefix_ids)
+        self._ref_prefix: Prefix | None = None  # the prefix under the reference weights, at first use
         self.max_tokens, self.inject_nan_at_step = max_tokens, inject_nan_at_step
         self.resumed_tokens = 0.0  # tokens trained before a resume (set at train begin)
         self.run_tokens = 0.0  # tokens trained by this process (TRL's num_tokens restarts at 0 on resume)
@@ -331,14 +338,21 @@ class Diagnosis(TrainerCallback):
             if self.p.stop_on_alarm:
                 self._stop(control, step, "alarm")
 
-    def _score(self, model, items: list[Encoded]) -> list[tuple[float, int]]:
+    def _score(self, model, items: list[Encoded], *, reference: bool = False) -> list[tuple[float, int]]:
+        """Completion scores under the model as it is now; ``reference``: it holds the reference weights
+        (:meth:`_score_reference`), whose prefix keys and values are computed once and reused."""
         import torch
 
         start, was_training = time.perf_counter(), model.training
         model.eval()  # no LoRA dropout while scoring
         device = next(model.parameters()).device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            scores = completion_nll(model, items, max_tokens=self.max_tokens)
+            prefix = None
+            if reference and self.prefix_ids:
+                if self._ref_prefix is None:
+                    self._ref_prefix = prefix_cache(model, self.prefix_ids)
+                prefix = self._ref_prefix
+            scores = completion_nll(model, items, max_tokens=self.max_tokens, prefix=prefix)
         model.train(was_training)
         self.s.score_seconds += time.perf_counter() - start
         return scores
@@ -348,9 +362,9 @@ class Diagnosis(TrainerCallback):
         not a second model), or for a warm start its starting weights, swapped in for the forward."""
         if self.start_weights is None:
             with model.disable_adapter():
-                return self._score(model, items)
+                return self._score(model, items, reference=True)
         with swapped_weights(model, self.start_weights):
-            return self._score(model, items)
+            return self._score(model, items, reference=True)
 
     def score_probe(self, model) -> tuple[float, float]:
         """(reference, trained) token-mean probe loss for the record: paired, over the same items.
@@ -400,6 +414,7 @@ class Diagnosis(TrainerCallback):
             "detector_checks_planned": len(self.check_steps()),
             "detector_min_checks_to_alarm": det.min_checks_to_alarm(self.p) if self.p.enabled else 0,
             "detector_seconds": round(self.s.score_seconds, 3),
+            "detector_reference_prefix_tokens": len(self.prefix_ids),  # run once per run, not per check
             "detector_max_log_e": max(
                 [r["log_e"] for r in self.s.rows if r["log_e"] is not None], default=0.0
             ),

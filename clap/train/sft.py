@@ -570,6 +570,7 @@ def _run_trainer(
         max_tokens=tp.max_length,
         inject_nan_at_step=tp.inject_nan_at_step,
         start_weights=trainable_weights(model) if start_dir is not None else None,
+        prefix_ids=mdl.shared_prompt_prefix([*data.train, *data.probe]),
     )
     if resume:
         log.warning("resuming from %s", resume)

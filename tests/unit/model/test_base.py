@@ -112,3 +112,37 @@ def test_adapter_folder_without_weights_is_refused(tiny_base, tmp_path):
     (tmp_path / "adapter").mkdir()
     with pytest.raises(ClapError, match="adapter"):
         mdl.load_model(tiny_base, tmp_path / "adapter")
+
+
+def test_a_cached_prefix_scores_as_the_full_forward(tiny_base):
+    """Items that start with the prefix are fed only their tokens after it; others in full; same scores."""
+    from clap.model.kv import shared_prefix_length
+
+    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
+    model = mdl.load_model(tiny_base)
+    # larger random weights than the tiny init: every score then depends on every earlier token,
+    # so a wrong cache, position or mask shows
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    items = [mdl.encode_example(tok, _example(i)) for i in (1234, 5, 67, 890123)]
+    n = shared_prefix_length([it.input_ids[: it.n_prompt] for it in items])
+    assert n > 10
+    prefix = mdl.prefix_cache(model, items[0].input_ids[:n])
+    first = items[0]
+    shifted = mdl.Encoded(first.input_ids[1:], first.n_prompt - 1)  # does not start with the prefix
+    all_prompt = mdl.Encoded((*prefix.ids, *first.input_ids[n : n + 3]), n)  # no prompt token after it
+    scored = [*items, shifted, all_prompt]
+    full = mdl.completion_nll(model, scored, max_tokens=10_000)
+    cached = mdl.completion_nll(model, scored, max_tokens=10_000, prefix=prefix)
+    assert [c for _, c in cached] == [c for _, c in full]
+    assert [s for s, _ in cached] == pytest.approx([s for s, _ in full], rel=1e-5)
+    one_by_one = mdl.completion_nll(model, items, max_tokens=1, prefix=prefix)  # a forward per item
+    assert [s for s, _ in one_by_one] == pytest.approx([s for s, _ in full[:4]], rel=1e-5)
+    # the cache is what the suffixes attend to: the keys and values of other tokens give other scores
+    wrong = mdl.Prefix(prefix.ids, mdl.prefix_cache(model, prefix.ids[::-1]).cache)
+    assert mdl.completion_nll(model, items, max_tokens=10_000, prefix=wrong)[0][0] != pytest.approx(
+        full[0][0], rel=1e-3
+    )

@@ -149,7 +149,7 @@ def test_rows_without_a_shared_prefix_are_left_padded(model_and_tok):
     ],
 )
 def test_shared_prefix_length(rows, expected):
-    from clap.model.generate import shared_prefix_length
+    from clap.model.kv import shared_prefix_length
 
     assert shared_prefix_length(rows) == expected
 

@@ -442,7 +442,7 @@ def _encoded(tok, data: Path, name: str) -> list[mdl.Encoded]:
 
 def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     """Probe references once and batched, each check's draw in one padded forward, each check's training
-    batch scored under the base: the same gaps, log E path and alarm step as scoring every item alone
+    batch scored under the base after the cached prompt prefix: the same gaps, log E path and alarm step as scoring every item alone
     (base model reloaded; adapter side at the check)."""
     data = write_tiny_admitted(tmp_path / "b", n_sft=16, n_probe=18, seed=2, n_combos=4)
     # 8 checks of 2 items (of different lengths: padded); 2 probe items are never drawn. m0 = 0.05 and
@@ -462,6 +462,8 @@ def test_detector_equals_a_per_item_reference(tiny_base, tmp_path):
     # step 1 trains from the base: its training loss is the base loss of its own batch (the pairing)
     assert rows[1]["train_ref_loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
     assert res.record["train_loss_start"] == rows[1]["loss"]
+    # the reference side ran every item's tokens after the shared prompt prefix only (scored once)
+    assert res.record["detector_reference_prefix_tokens"] > 10
     tol = 1e-5 * rows[1]["loss"]  # float tolerance, relative to the losses the gaps are differences of
     gaps = []
     for step in steps:
