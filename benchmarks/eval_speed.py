@@ -45,8 +45,8 @@ def _jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def raw_chats(batch_dir: Path, n: int) -> list[list[dict[str, str]]]:
-    """The first ``n`` eval questions of a raw batch with their retrieved documents as context."""
+def raw_items(batch_dir: Path, n: int) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The first ``n`` eval questions of a raw batch with their retrieved documents (doc id, body)."""
     kb = {
         d["doc_id"]: d["body"]
         for d in _jsonl(batch_dir / "kb_documents.jsonl")
@@ -57,11 +57,16 @@ def raw_chats(batch_dir: Path, n: int) -> list[list[dict[str, str]]]:
         for q in _jsonl(batch_dir / "question_log.jsonl")
         if q.get("split") == "eval" and isinstance(q.get("question"), str)
     ]
-    answer = load_answer_schema(ROOT / "params.yaml")
     return [
-        build_messages(q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb], answer)
+        (q["question"], [(d, kb[d]) for d in q.get("context_doc_ids") or [] if d in kb])
         for q in questions[:n]
     ]
+
+
+def raw_chats(batch_dir: Path, n: int) -> list[list[dict[str, str]]]:
+    """The first ``n`` eval questions of a raw batch with their retrieved documents as context."""
+    answer = load_answer_schema(ROOT / "params.yaml")
+    return [build_messages(q, docs, answer) for q, docs in raw_items(batch_dir, n)]
 
 
 def naive(model, tok, chats, max_new_tokens: int) -> tuple[list[str], float]:

@@ -10,7 +10,7 @@ out: data/eval/<b>/items.parquet (scored item x model, deterministic), timings.p
      manifest.json (models, hashes, admitted dataset hashes); flat per-model metrics json (with the
      free-decoding format diagnostic <role>_free_parse_rate under constrained decoding, and with
      eval.answer_metric tatqa TAT-QA's <role>_em, <role>_f1, per slice value too), its
-     provenance (items hash, versions, device, threads, incumbent batch, decoding) in records/eval/<b>.json
+     provenance (items hash, versions, device, threads, incumbent batch, decoding, generation engine) in records/eval/<b>.json
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
+from clap.model.engine import engine_label
 from clap.task.scoring import scoring_params
 from schemas.eval import EvalTimings, eval_items
 from schemas.normalized import validate_frame
@@ -55,6 +56,7 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         **flat_metrics(scored, timings, specs, sp.answer),
         **diagnostics,
         "decoding": ep.decoding,
+        "generation_engine": engine_label(ep.engine, default_device()),
         **determinism.frame_hashes(out_dir, {"items": scored}),
         **determinism.record(dp, default_device()),
         "torch_threads": torch_threads(),

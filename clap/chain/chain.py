@@ -24,6 +24,7 @@ import pandas as pd
 from clap.chain.grounding import AnswerSpace, check_decoding, constrainer_for
 from clap.chain.retrieval import KBIndex, RetrievalParams
 from clap.errors import ClapError
+from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
 from clap.task.prompt import build_messages
 from clap.task.scoring import ParsedAnswer, context_text, parse_answer
@@ -36,6 +37,7 @@ class ChainParams:
     top_k: int
     max_new_tokens: int
     decoding: str
+    engine: EngineParams
     retrieval: RetrievalParams
 
     def __post_init__(self) -> None:
@@ -161,9 +163,13 @@ def load_chain(
     space: AnswerSpace,
 ) -> Chain:
     """A chain with the base model (``adapter_dir=None``) or base + adapter, over ``index``."""
-    from clap.model.base import load_model, load_tokenizer
+    from clap.model.base import load_tokenizer
+    from clap.model.engine import load_generator
 
-    model, tok = load_model(base_dir, adapter_dir), load_tokenizer(base_dir, padding_side="left")
+    model, tok = (
+        load_generator(base_dir, adapter_dir, p.engine),
+        load_tokenizer(base_dir, padding_side="left"),
+    )
     return Chain(model, tok, index, p, space)
 
 

@@ -32,6 +32,7 @@ from clap.errors import ClapError
 from clap.judge import answer_metric as tatqa
 from clap.judge.scored import ROLES, TIMING_COLUMNS, answer_metric_columns, scored_columns
 from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
 from clap.release.registry import verify_pointer
 from clap.task.answer import AnswerSchema, gold_of
@@ -52,6 +53,7 @@ class EvalParams:
     decoding: str
     free_diagnostic_items: int
     answer_metric: str
+    engine: EngineParams
 
     def __post_init__(self) -> None:
         check_decoding(self.decoding, "chain.decoding")
@@ -91,6 +93,7 @@ def eval_params(path: Path | str = params.DEFAULT_PATH) -> EvalParams:
         chain.decoding,
         section.free_diagnostic_items,
         section.answer_metric,
+        chain.engine,
     )
 
 
@@ -288,9 +291,10 @@ def generate_for(
     (unconstrained) answer parses: the format-compliance diagnostic (None otherwise).
     ``constrainers`` caches the compiled grammars across the models of one evaluation.
     """
-    from clap.model.base import load_model, load_tokenizer
+    from clap.model.base import load_tokenizer
+    from clap.model.engine import load_generator
 
-    model = load_model(base_dir, spec.adapter_dir)
+    model = load_generator(base_dir, spec.adapter_dir, p.engine)
     tok = load_tokenizer(base_dir, padding_side="left")
     free_rate = None
     if "grammars" not in constrainers:

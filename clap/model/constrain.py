@@ -11,8 +11,8 @@ sentences), so compiled grammars are cached by schema: every model of an eval ru
 
 Wherever the grammar allows one continuation only (the JSON skeleton ``", "line": "`` between
 values, the rest of a vocabulary word after its first tokens), :meth:`RowMatcher.forced` returns
-those tokens and the generator feeds them in one forward pass with the chosen token, computing
-logits at the chunk's last position only. xgrammar splits a forced string into tokens its own way,
+those tokens and the generator queues them behind the chosen token and feeds them in chunks
+(:func:`clap.model.generate.chunk_length`), computing logits at a chunk's last position only. xgrammar splits a forced string into tokens its own way,
 which is not always how the model would have tokenized it, so a constrained answer that was
 already valid is the same text as the free answer but not always the same token ids, and a later
 token may differ (measured: ``benchmarks/results/constrained_decoding*.json``). After the closing

@@ -13,6 +13,7 @@ from clap.chain.chain import Chain, ChainParams, build_index, load_chain
 from clap.chain.grounding import AnswerSpace, answer_space
 from clap.data.normalize import normalize_params
 from clap.errors import ClapError
+from clap.model.engine import EngineParams
 from clap.model.generate import Generation
 from clap.task.answer import load_answer_schema, parse_answer_schema
 from clap.task.prompt import build_messages
@@ -23,7 +24,8 @@ SCHEMA = load_answer_schema(ROOT / "params.yaml")
 SPACE = answer_space(normalize_params(ROOT / "params.yaml"), SCHEMA)
 
 RP = tiny_retrieval()
-CP = ChainParams(top_k=2, max_new_tokens=6, decoding="free", retrieval=RP)
+TORCH = EngineParams("torch", "f32")
+CP = ChainParams(top_k=2, max_new_tokens=6, decoding="free", engine=TORCH, retrieval=RP)
 ANSWER = '{"metric": "oee", "value": 86, "unit": "%", "line": "L3", "shift": "B", "date": "2026-01-15", "evidence": "x"}'
 
 
@@ -132,4 +134,4 @@ def test_tiny_models_answer_through_the_chain(tiny_base, kb, tmp_path):
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="top_k"):
-        ChainParams(top_k=0, max_new_tokens=6, decoding="free", retrieval=RP)
+        ChainParams(top_k=0, max_new_tokens=6, decoding="free", engine=TORCH, retrieval=RP)

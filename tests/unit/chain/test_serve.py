@@ -18,6 +18,7 @@ from clap.chain.chain import ChainParams
 from clap.chain.serve import ServeParams, create_app, load_service, resolve_release
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.model.engine import EngineParams
 
 from ..release.release_fixtures import sign_release
 
@@ -26,6 +27,7 @@ CP = ChainParams(
     top_k=2,
     max_new_tokens=6,
     decoding="free",
+    engine=EngineParams("torch", "f32"),
     retrieval=tiny_retrieval(),
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)

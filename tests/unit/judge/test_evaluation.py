@@ -25,6 +25,7 @@ from clap.judge.evaluation import (
 )
 from clap.judge.scored import check_pairing
 from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.model.engine import EngineParams
 from clap.model.generate import Generation
 from clap.task.answer import load_answer_schema
 from clap.task.prompt import format_answer
@@ -116,7 +117,12 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         items,
         kb,
         EvalParams(
-            batch_size=2, max_new_tokens=6, decoding="free", free_diagnostic_items=0, answer_metric="none"
+            batch_size=2,
+            max_new_tokens=6,
+            decoding="free",
+            free_diagnostic_items=0,
+            answer_metric="none",
+            engine=EngineParams("openvino", "f32"),  # the product default
         ),
         SP,
         SPACE,
@@ -179,7 +185,7 @@ def test_empty_eval_set_needs_no_model(tmp_path):
         tmp_path / "no-model",
         pd.DataFrame(columns=["item_id"]),
         pd.DataFrame(),
-        EvalParams(2, 4, "free", 0, "none"),
+        EvalParams(2, 4, "free", 0, "none", EngineParams("torch", "f32")),
         SP,
         SPACE,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +24,7 @@ from clap.judge.replay import (
     run_conditions,
     score_conditions,
 )
+from clap.model.engine import EngineParams
 from clap.task.answer import load_answer_schema
 from clap.task.scoring import ScoringParams
 from schemas.normalized import validate_frame
@@ -32,14 +34,21 @@ ROOT = Path(__file__).resolve().parents[3]
 ANSWER = load_answer_schema(ROOT / "params.yaml")
 SP = ScoringParams(0.001, 0.01, ANSWER)
 SPACE = answer_space(normalize_params(ROOT / "params.yaml"), ANSWER)
+OPENVINO = EngineParams("openvino", "f32")  # the product default
 CP = ChainParams(
     top_k=2,
     max_new_tokens=5,
     decoding="free",
+    engine=OPENVINO,
     retrieval=tiny_retrieval(),
 )
 RPARAMS = EvalParams(
-    batch_size=4, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
+    batch_size=4,
+    max_new_tokens=5,
+    decoding="free",
+    free_diagnostic_items=0,
+    answer_metric="none",
+    engine=OPENVINO,
 )
 LP = LatencyParams(requests=3, warmup=1, seed=3)  # 3 of the 4 tiny cases timed, the 4th warms up
 
@@ -179,6 +188,4 @@ def test_empty_replay_runs_nothing():
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="eval.batch_size"):
-        EvalParams(
-            batch_size=0, max_new_tokens=5, decoding="free", free_diagnostic_items=0, answer_metric="none"
-        )
+        dataclasses.replace(RPARAMS, batch_size=0)

@@ -22,6 +22,7 @@ from clap.judge.evaluation import (
     with_answer_metric,
 )
 from clap.judge.gating import GateParams, evidence_bundle, render_report, run_gate
+from clap.model.engine import EngineParams
 from clap.model.generate import Generation
 from clap.task.answer import parse_answer_schema
 from clap.task.prompt import format_answer
@@ -153,7 +154,7 @@ def test_eval_params_require_the_answer_metric(tmp_path):
         eval_params(tmp_path / "params.yaml")
     assert (e.value.rule, e.value.column) == ("missing_param", "eval.answer_metric")
     with pytest.raises(ClapError, match="eval.answer_metric"):
-        EvalParams(2, 4, "free", 0, "squad")
+        EvalParams(2, 4, "free", 0, "squad", EngineParams("torch", "f32"))
 
 
 GATE = params.section("gate", GateParams, ROOT / "params.yaml")

@@ -122,3 +122,15 @@ def test_schemas_compile_once(tiny):
     grammars = Grammars(tok, model.config.vocab_size, stop_ids(model, tok))
     s = answer_json_schema(ANSWER, VOCAB, QUOTES[0], UNITS, DATES[0])
     assert grammars.compile(s) is grammars.compile(json.loads(json.dumps(s)))
+
+
+@pytest.mark.parametrize("policy", [lambda q: max(q), lambda q: 1])
+def test_how_forced_runs_are_chunked_changes_no_token(tiny, monkeypatch, policy):
+    """A forced run fed in one pass (padding the other rows), one token a pass, or as
+    chunk_length chooses: the same keys and values, so the same answers."""
+    model, tok = tiny
+    constraint, _ = _constraint(model, tok)
+    chosen = generate_batched(model, tok, _chats(), batch_size=3, max_new_tokens=400, constraint=constraint)
+    monkeypatch.setattr("clap.model.generate.chunk_length", policy)
+    other = generate_batched(model, tok, _chats(), batch_size=3, max_new_tokens=400, constraint=constraint)
+    assert [g.token_ids for g in other] == [g.token_ids for g in chosen]

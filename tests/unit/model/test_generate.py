@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from clap.model.generate import Sampling, encode_chats, generate_batched, stop_ids
+from clap.model.generate import Sampling, chunk_length, encode_chats, generate_batched, stop_ids
 from clap.task.answer import load_answer_schema
 from clap.task.prompt import build_messages
 
@@ -206,3 +208,18 @@ def test_a_group_of_one_prompt_samples_different_reproducible_completions(model_
     assert first == draw(11) and len(set(first)) > 1 and first != draw(12)
     stops = set(stop_ids(model, tok))
     assert all(len(c) == 6 or (c[-1] in stops and not stops & set(c[:-1])) for c in first)
+
+
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=48), st.floats(0.0, 64.0))
+def test_chunk_length_feeds_the_most_tokens_per_unit_of_cost(queued, overhead):
+    """Brute force over every length: none feeds more tokens per ``overhead + rows x length``."""
+    rate = lambda t: sum(min(q, t) for q in queued) / (overhead + len(queued) * t)  # noqa: E731
+    chosen = chunk_length(queued, overhead)
+    assert 1 <= chosen <= max(queued)
+    assert rate(chosen) >= max(rate(t) for t in range(1, max(queued) + 1)) * (1 - 1e-12)
+
+
+def test_chunk_length_lone_row_feeds_its_run_and_a_full_batch_about_one_token():
+    assert chunk_length([37]) == 37
+    assert chunk_length([37] + [1] * 39) == 1  # was 37 positions for each of 40 rows
+    assert chunk_length([5, 5, 5, 5]) == 5

@@ -1,0 +1,212 @@
+"""clap.model.engine: the OpenVINO graph computes the torch model's logits (padding, dropped and
+reordered rows, a widened prefix), so generation on it is token-identical at f32, free and
+constrained; what it cannot express is refused; params are checked."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clap.errors import ClapError
+from clap.model.base import load_model, load_tokenizer
+from clap.model.constrain import Constraint, Grammars
+from clap.model.engine import (
+    EngineParams,
+    OpenVINOModel,
+    engine_label,
+    llama_graph,
+    load_generator,
+    resolve_engine,
+)
+from clap.model.generate import generate_batched, stop_ids
+from clap.task.answer import load_answer_schema
+from clap.task.prompt import answer_json_schema, build_messages
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+ROOT = Path(__file__).resolve().parents[3]
+ANSWER = load_answer_schema(ROOT / "params.yaml")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_base):
+    """The tiny model with larger random weights (answers depend on the whole prompt) and its openvino twin."""
+    model = load_model(tiny_base)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model, OpenVINOModel(model, "f32", 1), load_tokenizer(tiny_base, padding_side="left")
+
+
+def _torch_logits(model, ids, mask, positions):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            position_ids=torch.tensor(positions),
+        )
+    return out.logits[:, -1].numpy()
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
+def test_logits_equal_torch_through_padding_dropped_and_reordered_rows(pair):
+    model, ov_model, _ = pair
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, model.config.vocab_size, (3, 9))
+    mask = np.ones((3, 9), np.int64)
+    mask[1, :4] = 0  # a left-padded row
+    positions = np.clip(mask.cumsum(-1) - 1, 0, None)
+    state = ov_model.session(None, 3)
+    _close(
+        state.forward(*map(torch.tensor, (ids, mask, positions))).numpy(),
+        _torch_logits(model, ids, mask, positions),
+    )
+    for keep in ([2, 0, 1], [1, 2], [1]):  # reorder, then drop rows: the kept keys/values follow
+        ids, mask, positions = ids[keep], mask[keep], positions[keep]
+        nxt = rng.integers(0, model.config.vocab_size, (len(keep), 2))
+        step_mask = np.ones((len(keep), 2), np.int64)
+        step_pos = positions[:, -1:] + np.arange(1, 3)
+        state.select(keep)
+        got = state.forward(*map(torch.tensor, (nxt, np.concatenate([mask, step_mask], 1), step_pos))).numpy()
+        ids, mask = np.concatenate([ids, nxt], 1), np.concatenate([mask, step_mask], 1)
+        positions = np.concatenate([positions, step_pos], 1)
+        _close(got, _torch_logits(model, ids, mask, positions))
+
+
+def test_a_one_row_prefix_is_widened_to_every_row(pair):
+    model, ov_model, _ = pair
+    rng = np.random.default_rng(1)
+    prefix = rng.integers(0, model.config.vocab_size, 5).tolist()
+    suffix = rng.integers(0, model.config.vocab_size, (3, 4))
+    suffix_mask = np.ones((3, 4), np.int64)
+    suffix_mask[2, :2] = 0
+    positions = np.clip(5 + suffix_mask.cumsum(-1) - 1, 0, None)
+    mask = np.concatenate([np.ones((3, 5), np.int64), suffix_mask], 1)
+    state = ov_model.session(ov_model.prefix(prefix), 3)
+    got = state.forward(*map(torch.tensor, (suffix, mask, positions))).numpy()
+    full = np.concatenate([np.tile(prefix, (3, 1)), suffix], 1)
+    full_positions = np.concatenate([np.tile(np.arange(5), (3, 1)), positions], 1)
+    _close(got, _torch_logits(model, full, mask, full_positions))
+
+
+def _chats(n=5):
+    docs = [("KB-1", "Line L1 on 2026-01-05, shift A. OEE was 81.5 %.")]
+    return [build_messages(f"question {i} about line L{i}?" + " more" * i, docs, ANSWER) for i in range(n)]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_free_generation_is_token_identical_to_torch(pair, batch_size):
+    model, ov_model, tok = pair
+    want = generate_batched(model, tok, _chats(), batch_size=batch_size, max_new_tokens=12, desc=None)
+    got = generate_batched(ov_model, tok, _chats(), batch_size=batch_size, max_new_tokens=12, desc=None)
+    assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert [g.text for g in got] == [g.text for g in want]
+
+
+def test_constrained_generation_is_token_identical_to_torch(pair):
+    model, ov_model, tok = pair
+    grammars = Grammars(tok, model.config.vocab_size, stop_ids(model, tok))
+    schema = answer_json_schema(
+        ANSWER,
+        {"metric": ["oee", "scrap_count"], "line": ["L1", "L2"], "shift": ["A", "B"], "unit": ["%", "pcs"]},
+        ["Line L1 on 2026-01-05, shift A", "OEE was 81.5 %"],
+        {"oee": "%", "scrap_count": "pcs"},
+        ["2026-01-05"],
+    )
+    constraint = Constraint(grammars, [grammars.compile(schema)] * 5)
+    runs = [
+        generate_batched(m, tok, _chats(), batch_size=3, max_new_tokens=200, desc=None, constraint=constraint)
+        for m in (model, ov_model)
+    ]
+    assert [g.token_ids for g in runs[1]] == [g.token_ids for g in runs[0]]
+
+
+def test_bf16_is_a_separate_precision_that_still_generates(pair):
+    model, _, tok = pair
+    bf16 = OpenVINOModel(model, "bf16", 1)
+    gens = generate_batched(bf16, tok, _chats(2), batch_size=2, max_new_tokens=5, desc=None)
+    assert all(1 <= g.new_tokens <= 5 for g in gens)
+
+
+def test_load_generator_merges_the_adapter_then_compiles(tiny_base, monkeypatch):
+    ov_model = load_generator(tiny_base, None, EngineParams("openvino", "f32"))
+    assert isinstance(ov_model, OpenVINOModel) and ov_model.precision == "f32"
+    assert not isinstance(load_generator(tiny_base, None, EngineParams("torch", "f32")), OpenVINOModel)
+    monkeypatch.setattr(
+        "clap.model.base.default_device", lambda: "cuda"
+    )  # openvino compiles for the CPU only
+    monkeypatch.setattr("clap.model.base.load_model", lambda *a: "the torch model")
+    assert load_generator(tiny_base, None, EngineParams("openvino", "f32")) == "the torch model"
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"model_type": "mistral"}, "model_type"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope_type"),
+    ],
+)
+def test_a_model_the_graph_cannot_express_is_refused(pair, change, why):
+    model = pair[0]
+
+    class Shim:  # the model with one config field changed
+        config = dataclasses.replace(_ConfigView(model.config), **change)
+
+        def state_dict(self):
+            return model.state_dict()
+
+    with pytest.raises(ClapError, match=why) as err:
+        llama_graph(Shim())
+    assert err.value.rule == "engine_unsupported"
+
+
+@dataclasses.dataclass
+class _ConfigView:
+    """The config fields the graph checks, copyable with one changed."""
+
+    model_type: str
+    attention_bias: bool
+    mlp_bias: bool
+    hidden_act: str
+    rope_parameters: dict
+    pretraining_tp: int
+
+    def __init__(self, config=None, **fields):
+        if config is not None:
+            fields = {f.name: getattr(config, f.name, None) for f in dataclasses.fields(_ConfigView)}
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+
+def test_engine_params_are_checked():
+    with pytest.raises(ClapError, match="chain.engine.name"):
+        EngineParams("llamacpp", "f32")
+    with pytest.raises(ClapError, match="chain.engine.precision"):
+        EngineParams("openvino", "int4")
+    with pytest.raises(ClapError, match="openvino engine only"):
+        EngineParams("torch", "bf16")
+
+
+@pytest.mark.parametrize(
+    "name, precision, device, engine, label",
+    [
+        ("openvino", "f32", "cpu", "openvino", "openvino-f32"),
+        ("openvino", "bf16", "cpu", "openvino", "openvino-bf16"),
+        ("openvino", "f32", "cuda", "torch", "torch-bf16"),
+        ("torch", "f32", "cpu", "torch", "torch-f32"),
+    ],
+)
+def test_resolved_engine_and_its_label(name, precision, device, engine, label):
+    p = EngineParams(name, precision)
+    assert resolve_engine(p, device) == engine and engine_label(p, device) == label
