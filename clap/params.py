@@ -18,6 +18,14 @@ from clap.errors import ClapError
 
 T = TypeVar("T")
 DEFAULT_PATH = Path("params.yaml")
+# libyaml's parser under PyYAML's safe constructor and resolver (the same documents, ~10x faster: a stage
+# reads params.yaml once per section); PyYAML's pure-Python SafeLoader where PyYAML was built without libyaml
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, on libyaml when PyYAML has it."""
+    return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
 
 
 def load(path: Path | str = DEFAULT_PATH) -> dict[str, Any]:
@@ -28,7 +36,7 @@ def load(path: Path | str = DEFAULT_PATH) -> dict[str, Any]:
             "params file not found (run from the repository root)", file=path, rule="missing_params"
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ClapError(f"params file is not valid YAML: {e}", file=path, rule="bad_yaml") from e
     if not isinstance(data, dict):

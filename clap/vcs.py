@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from clap.errors import ClapError
+from clap.params import parse_yaml
 
 
 def git(root: Path | str, *args: str) -> str:
@@ -52,7 +53,7 @@ def read_dvc_lock(root: Path | str, missing: str = "dvc.lock is missing: nothing
     if not path.exists():
         raise ClapError(missing, file="dvc.lock", rule="missing_lock")
     try:
-        lock = yaml.safe_load(path.read_text(encoding="utf-8"))
+        lock = parse_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ClapError(f"dvc.lock does not parse: {e}", file="dvc.lock", rule="corrupt_lock") from e
     if not isinstance(lock, dict) or not isinstance(lock.get("stages"), dict):

@@ -17,16 +17,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import operator
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from clap.task.context import item_docs, kb_bodies, parse_doc_ids
+from clap.data.normalize import Vocab, evidence_status
 from clap.errors import ClapError
 from clap.io import logical_hash
-from clap.data.normalize import Vocab, evidence_status
 from clap.task.answer import AnswerSchema, gold_of
+from clap.task.context import item_docs, kb_bodies, parse_doc_ids
 from clap.task.prompt import format_answer
 from clap.task.scoring import context_text, normalize_text, text_in
 
@@ -81,11 +82,15 @@ class Check:
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "==": operator.eq}
 
 
-def check(name: str, value: float, op: str, threshold: float, *, blocking: bool = True, detail: str = "") -> Check:
+def check(
+    name: str, value: float, op: str, threshold: float, *, blocking: bool = True, detail: str = ""
+) -> Check:
     """Build a :class:`Check`; ``value`` must be a finite number."""
     value = float(value)
     if not np.isfinite(value):
-        raise ClapError(f"admission check {name} computed a non-finite value {value}", rule="non_finite_check")
+        raise ClapError(
+            f"admission check {name} computed a non-finite value {value}", rule="non_finite_check"
+        )
     return Check(name, value, op, float(threshold), blocking, bool(_OPS[op](value, threshold)), detail)
 
 
@@ -127,9 +132,19 @@ def overlap_pairs(frames: Mapping[str, pd.DataFrame], pairs: Sequence[tuple[str,
 def overlap_checks(pools: Mapping[str, pd.DataFrame], admitted: Mapping[str, pd.DataFrame]) -> list[Check]:
     """Zero overlap between training and held-out data, in the pools and in the admitted splits."""
     pool_pairs = [(t, h) for t in TRAIN_SPLITS for h in ("eval", "replay")] + [("replay", "eval")]
-    adm_pairs = [(t, h) for t in TRAIN_SPLITS for h in HELD_SPLITS] + [("replay", "eval"), ("replay", "probe"), ("probe", "eval")]
-    found = [("pool_overlap", overlap_pairs(pools, pool_pairs)), ("admitted_overlap", overlap_pairs(admitted, adm_pairs))]
-    return [check(name, sum(c.values()), "==", 0, detail=", ".join(f"{k}={v}" for k, v in c.items() if v)) for name, c in found]
+    adm_pairs = [(t, h) for t in TRAIN_SPLITS for h in HELD_SPLITS] + [
+        ("replay", "eval"),
+        ("replay", "probe"),
+        ("probe", "eval"),
+    ]
+    found = [
+        ("pool_overlap", overlap_pairs(pools, pool_pairs)),
+        ("admitted_overlap", overlap_pairs(admitted, adm_pairs)),
+    ]
+    return [
+        check(name, sum(c.values()), "==", 0, detail=", ".join(f"{k}={v}" for k, v in c.items() if v))
+        for name, c in found
+    ]
 
 
 def size_checks(admitted: Mapping[str, pd.DataFrame], sizes: SplitSizes, minimum: SplitSizes) -> list[Check]:
@@ -138,7 +153,16 @@ def size_checks(admitted: Mapping[str, pd.DataFrame], sizes: SplitSizes, minimum
     for name in SPLITS:
         n = len(admitted[name])
         out.append(check(f"size_{name}", n, ">=", getattr(minimum, name), detail="admit.min_sizes"))
-        out.append(check(f"requested_{name}", n, ">=", getattr(sizes, name), blocking=False, detail="sizes (fewer items than requested)"))
+        out.append(
+            check(
+                f"requested_{name}",
+                n,
+                ">=",
+                getattr(sizes, name),
+                blocking=False,
+                detail="sizes (fewer items than requested)",
+            )
+        )
     return out
 
 
@@ -157,7 +181,9 @@ def balance_checks(sft: pd.DataFrame, held: pd.DataFrame, p: AdmitParams) -> lis
         out.append(check(f"max_{k}_share", top[0], "<=", bound, detail=f"most frequent {k}: {top[1]}"))
     out += [check(f"distinct_{k}s", sft[k].nunique(), ">=", n) for k, n in p.min_distinct.items()]
     out += [
-        check(f"{k}_coverage", _coverage(sft[k], held[k]), ">=", share, detail=f"held-out {k}s present in D_sft")
+        check(
+            f"{k}_coverage", _coverage(sft[k], held[k]), ">=", share, detail=f"held-out {k}s present in D_sft"
+        )
         for k, share in p.min_coverage.items()
     ]
     return out
@@ -168,7 +194,10 @@ def evidence_verifiable(items: pd.DataFrame, bodies: Mapping[str, str], vocab: V
 
     def ok(row: Mapping[str, Any]) -> bool:
         body = bodies.get(row["evidence_doc_id"])
-        return body is not None and evidence_status(row["evidence"], body, row["value"], None, vocab)[0] in ("ok", "repaired")
+        return body is not None and evidence_status(row["evidence"], body, row["value"], None, vocab)[0] in (
+            "ok",
+            "repaired",
+        )
 
     return pd.Series([ok(r) for r in items.to_dict("records")], index=items.index, dtype=bool)
 
@@ -182,7 +211,9 @@ def _other(value: str, options: Sequence[str]) -> str:
     return next((o for o in ordered if o > value), ordered[0] if ordered else "other")
 
 
-def _other_doc_quote(row: Mapping[str, Any], bodies: Mapping[str, str], vocab: Vocab, text_value: bool = False) -> str:
+def _other_doc_quote(
+    row: Mapping[str, Any], bodies: Mapping[str, str], vocab: Vocab, text_value: bool = False
+) -> str:
     """A quote from another document (the item's context first) that does not carry the value (a text
     value: whose body does not contain it, :func:`clap.task.scoring.text_in`)."""
     ctx = parse_doc_ids(row["context_doc_ids"])
@@ -190,7 +221,11 @@ def _other_doc_quote(row: Mapping[str, Any], bodies: Mapping[str, str], vocab: V
         body = bodies[doc]
         if doc == row["evidence_doc_id"]:
             continue
-        if text_in(row["value"], body) if text_value else evidence_status(body, body, row["value"], None, vocab)[0] == "ok":
+        if (
+            text_in(row["value"], body)
+            if text_value
+            else evidence_status(body, body, row["value"], None, vocab)[0] == "ok"
+        ):
             continue
         return body
     return ""
@@ -203,7 +238,9 @@ def next_different_values(values: Sequence[Any]) -> list[str]:
     out = []
     for i, norm in enumerate(norms):
         later = (j % len(values) for j in range(i + 1, i + len(values)))
-        out.append(next((str(values[j]) for j in later if norms[j] != norm and norms[j] is not None), "other"))
+        out.append(
+            next((str(values[j]) for j in later if norms[j] != norm and norms[j] is not None), "other")
+        )
     return out
 
 
@@ -242,24 +279,46 @@ def perturbed_answers(
 
 
 def reward_table(
-    grpo: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema, domain: Mapping[str, Sequence[str]], vocab: Vocab, reward_fn: RewardFn
+    grpo: pd.DataFrame,
+    kb: pd.DataFrame,
+    schema: AnswerSchema,
+    domain: Mapping[str, Sequence[str]],
+    vocab: Vocab,
+    reward_fn: RewardFn,
 ) -> pd.DataFrame:
     """Rewards of the reference answer (column ``reference``) and of each perturbation, one row per item."""
     bodies = kb_bodies(kb)
     rows = []
     records = grpo.to_dict("records")
-    others = next_different_values([r["value"] for r in records]) if schema.value_is_text else ["other"] * len(records)
+    others = (
+        next_different_values([r["value"] for r in records])
+        if schema.value_is_text
+        else ["other"] * len(records)
+    )
     for row, other in zip(records, others):
         gold, ctx = gold_of(row, schema), context_text(item_docs(row, bodies))
-        texts = {"reference": format_answer(gold, schema), **perturbed_answers(row, schema, domain, bodies, vocab, other)}
-        rows.append({"item_id": row["item_id"], **{k: float(reward_fn(t, gold, ctx)) for k, t in texts.items()}})
+        texts = {
+            "reference": format_answer(gold, schema),
+            **perturbed_answers(row, schema, domain, bodies, vocab, other),
+        }
+        rows.append(
+            {"item_id": row["item_id"], **{k: float(reward_fn(t, gold, ctx)) for k, t in texts.items()}}
+        )
     return pd.DataFrame(rows, columns=["item_id", "reference", *schema.perturbations])
 
 
-def reward_checks(table: pd.DataFrame, names: Sequence[str], p: AdmitParams) -> tuple[list[Check], dict[str, float]]:
+def reward_checks(
+    table: pd.DataFrame, names: Sequence[str], p: AdmitParams
+) -> tuple[list[Check], dict[str, float]]:
     """Rank-pass rate, mean margin (reference minus mean perturbed) and minimum group variance."""
     if table.empty:
-        stats = {"rank_pass_rate": 0.0, "reward_margin": 0.0, "reward_variance_min": 0.0, "reward_variance_mean": 0.0, "reward_reference_mean": 0.0}
+        stats = {
+            "rank_pass_rate": 0.0,
+            "reward_margin": 0.0,
+            "reward_variance_min": 0.0,
+            "reward_variance_mean": 0.0,
+            "reward_reference_mean": 0.0,
+        }
     else:
         pert = table[list(names)].to_numpy()
         ref = table["reference"].to_numpy()
@@ -273,9 +332,27 @@ def reward_checks(table: pd.DataFrame, names: Sequence[str], p: AdmitParams) -> 
         }
         stats.update({f"reward_mean_{n}": float(table[n].mean()) for n in names})
     checks = [
-        check("rank_pass_rate", stats["rank_pass_rate"], ">=", p.min_rank_pass_rate, detail=f"reference strictly above all {len(names)} perturbations"),
-        check("reward_margin", stats["reward_margin"], ">=", p.min_reward_margin, detail="mean of reference minus mean perturbed reward"),
-        check("reward_variance_min", stats["reward_variance_min"], ">", p.min_reward_variance, detail="smallest per-group reward variance (0 = no GRPO signal)"),
+        check(
+            "rank_pass_rate",
+            stats["rank_pass_rate"],
+            ">=",
+            p.min_rank_pass_rate,
+            detail=f"reference strictly above all {len(names)} perturbations",
+        ),
+        check(
+            "reward_margin",
+            stats["reward_margin"],
+            ">=",
+            p.min_reward_margin,
+            detail="mean of reference minus mean perturbed reward",
+        ),
+        check(
+            "reward_variance_min",
+            stats["reward_variance_min"],
+            ">",
+            p.min_reward_variance,
+            detail="smallest per-group reward variance (0 = no GRPO signal)",
+        ),
     ]
     return checks, stats
 
@@ -288,7 +365,9 @@ def _labels(sft: pd.DataFrame, schema: AnswerSchema) -> list[tuple]:
     return list(sft[[k for k in schema.names if k != schema.evidence]].itertuples(index=False, name=None))
 
 
-def evidence_in_context_rate(sft: pd.DataFrame, answers: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> float:
+def evidence_in_context_rate(
+    sft: pd.DataFrame, answers: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema
+) -> float:
     """Fraction of items whose answer's evidence doc is in the item's context and describes the answer's key
     (the key fields the knowledge base carries: normalize joins them from the record a document describes).
 
@@ -306,7 +385,9 @@ def evidence_in_context_rate(sft: pd.DataFrame, answers: pd.DataFrame, kb: pd.Da
     return hits / len(sft)
 
 
-def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, schema: AnswerSchema) -> tuple[list[Check], dict[str, float]]:
+def label_canary(
+    sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, schema: AnswerSchema
+) -> tuple[list[Check], dict[str, float]]:
     """Shuffle D_sft answers across items (seeded) and measure how much the labels change.
 
     Labels that barely change under a shuffle (constant or degenerate answers) carry no
@@ -328,7 +409,15 @@ def label_canary(sft: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, schema: An
         "evidence_in_context_rate_real": evidence_in_context_rate(sft, sft, kb, schema),
         "evidence_in_context_rate_shuffled": evidence_in_context_rate(sft, shuffled, kb, schema),
     }
-    return [check("label_shuffle_changed", changed, ">=", p.min_label_shuffle_changed, detail="fraction of D_sft labels a seeded shuffle changes")], diag
+    return [
+        check(
+            "label_shuffle_changed",
+            changed,
+            ">=",
+            p.min_label_shuffle_changed,
+            detail="fraction of D_sft labels a seeded shuffle changes",
+        )
+    ], diag
 
 
 # --------------------------------------------------------------------------- the gate
@@ -346,41 +435,81 @@ class AdmissionResult:
 def reason(c: Check) -> str:
     """A failed check as one line of the admission record's reasons."""
     kind = "" if c.blocking else "warning: "
-    return f"{kind}{c.name} = {c.value:g}, required {c.op} {c.threshold:g}" + (f" ({c.detail})" if c.detail else "")
+    return f"{kind}{c.name} = {c.value:g}, required {c.op} {c.threshold:g}" + (
+        f" ({c.detail})" if c.detail else ""
+    )
 
 
 def evidence_check(items: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab) -> Check:
     """The share of items whose quote is verbatim in its cited doc and carries the value."""
     ok = evidence_verifiable(items, kb_bodies(kb), vocab)
     rate = float(ok.mean()) if len(ok) else 0.0
-    return check("evidence_verifiable_rate", rate, ">=", p.min_evidence_verifiable_rate, detail=f"{int((~ok).sum())} admitted item(s) unverifiable")
+    return check(
+        "evidence_verifiable_rate",
+        rate,
+        ">=",
+        p.min_evidence_verifiable_rate,
+        detail=f"{int((~ok).sum())} admitted item(s) unverifiable",
+    )
 
 
-def static_checks(pools: Mapping[str, pd.DataFrame], admitted: Mapping[str, pd.DataFrame], sizes: SplitSizes, p: AdmitParams, vocab: Vocab) -> list[Check]:
+def static_checks(
+    pools: Mapping[str, pd.DataFrame],
+    admitted: Mapping[str, pd.DataFrame],
+    sizes: SplitSizes,
+    p: AdmitParams,
+    vocab: Vocab,
+) -> list[Check]:
     """Overlap, sizes, balance and evidence verifiability of the admitted splits."""
     held = pd.concat([admitted["eval"], admitted["probe"]])
     items = pd.concat([admitted[s] for s in SPLITS])
-    return [*overlap_checks(pools, admitted), *size_checks(admitted, sizes, p.min_sizes), *balance_checks(admitted["sft"], held, p),
-            evidence_check(items, pools["kb"], p, vocab)]
+    return [
+        *overlap_checks(pools, admitted),
+        *size_checks(admitted, sizes, p.min_sizes),
+        *balance_checks(admitted["sft"], held, p),
+        evidence_check(items, pools["kb"], p, vocab),
+    ]
 
 
 def training_data_checks(
-    sft: pd.DataFrame, held: pd.DataFrame, kb: pd.DataFrame, p: AdmitParams, vocab: Vocab, schema: AnswerSchema
+    sft: pd.DataFrame,
+    held: pd.DataFrame,
+    kb: pd.DataFrame,
+    p: AdmitParams,
+    vocab: Vocab,
+    schema: AnswerSchema,
 ) -> list[Check]:
     """The admission checks that read D_sft's content (balance, evidence, label canary), for
     re-checking training items changed after admission (``clap.judge.calibrate``'s data faults)."""
     check_key_params(p, schema)
-    return [*balance_checks(sft, held, p), evidence_check(sft, kb, p, vocab), *label_canary(sft, kb, p, schema)[0]]
+    return [
+        *balance_checks(sft, held, p),
+        evidence_check(sft, kb, p, vocab),
+        *label_canary(sft, kb, p, schema)[0],
+    ]
 
 
 def check_key_params(p: AdmitParams, schema: AnswerSchema) -> None:
     """The balance checks' params name key fields of the declared answer, with numeric bounds."""
-    for where, fields in (("max_key_share", p.max_key_share), ("min_distinct", p.min_distinct), ("min_coverage", p.min_coverage)):
+    for where, fields in (
+        ("max_key_share", p.max_key_share),
+        ("min_distinct", p.min_distinct),
+        ("min_coverage", p.min_coverage),
+    ):
         unknown = sorted(set(fields) - set(schema.keys)) if isinstance(fields, dict) else ["<not a mapping>"]
-        bad = [k for k, v in fields.items() if isinstance(v, bool) or not isinstance(v, (int, float))] if not unknown else []
+        bad = (
+            [k for k, v in fields.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+            if not unknown
+            else []
+        )
         if unknown or bad:
-            raise ClapError(f"admit.{where} must map key fields of the answer (params task: {list(schema.keys)}) to "
-                            f"numbers; it names {unknown or bad}", file="params.yaml", column=f"admit.{where}", rule="bad_params")
+            raise ClapError(
+                f"admit.{where} must map key fields of the answer (params task: {list(schema.keys)}) to "
+                f"numbers; it names {unknown or bad}",
+                file="params.yaml",
+                column=f"admit.{where}",
+                rule="bad_params",
+            )
 
 
 def admit_batch(
@@ -417,7 +546,10 @@ def admit_batch(
     canary_checks, canary = label_canary(admitted["sft"], pools["kb"], p, schema)
     checks = [*static_checks(pools, admitted, sizes, p, vocab), *grpo_checks, *canary_checks]
     frames = {**admitted, "kb": pools["kb"].reset_index(drop=True)}
-    counts = {**{f"pool_{s}": len(pools[s]) for s in ("sft", "grpo", "eval", "replay", "kb")}, **{f"n_{s}": len(admitted[s]) for s in SPLITS}}
+    counts = {
+        **{f"pool_{s}": len(pools[s]) for s in ("sft", "grpo", "eval", "replay", "kb")},
+        **{f"n_{s}": len(admitted[s]) for s in SPLITS},
+    }
     record = {
         "batch": batch,
         "verdict": all(c.passed for c in checks if c.blocking),
@@ -445,8 +577,8 @@ def flat_metrics(record: Mapping[str, Any], checks: Sequence[Check]) -> dict[str
         **{f"{c.name}_passed": int(c.passed) for c in checks},
     }
 
+
 def admitted_set(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per admitted item (``role, item_id, input_hash``): the frame the zero-overlap schema checks."""
     parts = [frames[s][["item_id", "input_hash"]].assign(role=s) for s in SPLITS]
     return pd.concat(parts, ignore_index=True)[["role", "item_id", "input_hash"]]
-

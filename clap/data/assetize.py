@@ -27,7 +27,6 @@ from clap.data.sources import (
     Node,
     RowProblem,
     Source,
-    shorten,
     explode,
     hash_label,
     lookup,
@@ -36,6 +35,7 @@ from clap.data.sources import (
     read_xlsx,
     render_row,
     render_template,
+    shorten,
     table_rows,
 )
 from clap.errors import ClapError
@@ -97,6 +97,8 @@ REJECT_COLUMNS = (
 )
 ASSETS = ("records", "kb", "sft", "eval", "replay", "grpo", "rejects")
 _SOURCED = ("source_file", "source_line")
+
+
 @dataclass(frozen=True)
 class AssetizeParams:
     """params.yaml section ``assetize``."""
@@ -567,7 +569,9 @@ def map_row(src: Source, node: Node) -> dict[str, Any]:
     for path, kept in src.only:
         present, v = lookup(node, path)
         if not present or v not in kept:
-            raise RowProblem("excluded", path, f"{path} is {shorten(v)}: the declaration keeps only {list(kept)}")
+            raise RowProblem(
+                "excluded", path, f"{path} is {shorten(v)}: the declaration keeps only {list(kept)}"
+            )
     row = {c: _field(src, spec, node) for c, spec in src.fields.items()}
     if src.target == "records":
         row["source_system"] = src.name

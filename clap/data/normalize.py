@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
 import re
 import unicodedata
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -41,7 +43,12 @@ from clap.task.prompt import context_sentences
 
 # --------------------------------------------------------------------------- params
 
-KEY_KINDS = {"vocabulary": "vocabulary", "code": "vocabulary", "date": "date", "text": "text"}  # kind -> answer type
+KEY_KINDS = {
+    "vocabulary": "vocabulary",
+    "code": "vocabulary",
+    "date": "date",
+    "text": "text",
+}  # kind -> answer type
 EVIDENCE_MODES = ("given", "locate")
 
 
@@ -68,7 +75,9 @@ class NormalizeParams(NormalizeSection):
 
 def normalize_params(path: Path | str = PARAMS) -> NormalizeParams:
     """Params ``normalize`` with the answer schema of params ``task``."""
-    section = params.build(NormalizeSection, params.raw_section("normalize", path), where="normalize", file=path)
+    section = params.build(
+        NormalizeSection, params.raw_section("normalize", path), where="normalize", file=path
+    )
     fields = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
     return NormalizeParams(**fields, answer=load_answer_schema(path))
 
@@ -85,7 +94,9 @@ class KeyNorm:
     kind: str  # vocabulary | code | date | text
     words: tuple[str, ...] = ()  # canonical words (vocabulary, code), in declared order
     by_alias: Mapping[str, str] = dataclasses.field(default_factory=dict)  # label_key(alias) -> word
-    word_unit: Mapping[str, str] = dataclasses.field(default_factory=dict)  # vocabulary word -> its canonical unit
+    word_unit: Mapping[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # vocabulary word -> its canonical unit
     strip_affixes: bool = False  # vocabulary: remove value-bearing numbers around a label first
     code_re: re.Pattern | None = None  # code: prefix word and number
     code_format: str = ""  # code: canonical form, "{n}" the number
@@ -162,24 +173,42 @@ def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
             word = str(word)
             if isinstance(spec, dict):
                 if set(spec) - {"labels", "unit"} or "labels" not in spec:
-                    raise _bad(f"{at}.words.{word} must be a list of aliases or {{labels, unit}}", f"{at}.words.{word}")
+                    raise _bad(
+                        f"{at}.words.{word} must be a list of aliases or {{labels, unit}}",
+                        f"{at}.words.{word}",
+                    )
                 aliases = spec["labels"]
                 if "unit" in spec:
                     if spec["unit"] not in units:
-                        raise _bad(f"{at}.words.{word} has unit {spec['unit']!r}, which no unit variant maps to", f"{at}.words.{word}")
+                        raise _bad(
+                            f"{at}.words.{word} has unit {spec['unit']!r}, which no unit variant maps to",
+                            f"{at}.words.{word}",
+                        )
                     word_unit[word] = str(spec["unit"])
             else:
                 aliases = spec
             for alias in [word, *(aliases or [])]:
                 if by_alias.setdefault(label_key(str(alias)), word) != word:
-                    raise _bad(f"alias {alias!r} names both {by_alias[label_key(str(alias))]!r} and {word!r}", f"{at}.words")
-        return KeyNorm(name, kind, tuple(str(w) for w in decl["words"]), by_alias, word_unit, bool(decl["strip_value_affixes"]))
+                    raise _bad(
+                        f"alias {alias!r} names both {by_alias[label_key(str(alias))]!r} and {word!r}",
+                        f"{at}.words",
+                    )
+        return KeyNorm(
+            name,
+            kind,
+            tuple(str(w) for w in decl["words"]),
+            by_alias,
+            word_unit,
+            bool(decl["strip_value_affixes"]),
+        )
     if kind == "code":
         if "{n}" not in str(decl["format"]):
             raise _bad(f"{at}.format must contain {{n}} (the code's number)", f"{at}.format")
         prefixes = "|".join(re.escape(label_key(x)) for x in sorted(decl["prefixes"], key=len, reverse=True))
         code_re = re.compile(rf"(?:{prefixes})?\s*[-_.#]?\s*0*(\d+)" if prefixes else r"0*(\d+)")
-        return KeyNorm(name, kind, tuple(str(c) for c in decl["codes"]), code_re=code_re, code_format=str(decl["format"]))
+        return KeyNorm(
+            name, kind, tuple(str(c) for c in decl["codes"]), code_re=code_re, code_format=str(decl["format"])
+        )
     return KeyNorm(name, kind)
 
 
@@ -190,11 +219,17 @@ def build_vocab(p: NormalizeParams) -> Vocab:
     answer = p.answer
     units = {label_key(str(k)): (str(v[0]), float(v[1])) for k, v in p.units.items()}
     if not isinstance(p.keys, dict) or set(p.keys) != set(answer.keys):
-        raise _bad(f"normalize.keys must declare a normalizer for exactly the answer's key fields {list(answer.keys)} (has {sorted(p.keys or [])})", "normalize.keys")
+        raise _bad(
+            f"normalize.keys must declare a normalizer for exactly the answer's key fields {list(answer.keys)} (has {sorted(p.keys or [])})",
+            "normalize.keys",
+        )
     keys = tuple(_compile_key(k, p.keys[k], {u for u, _ in units.values()}) for k in answer.keys)
     for k in keys:
         if KEY_KINDS[k.kind] != answer.field(k.name).type:
-            raise _bad(f"normalize.keys.{k.name} is a {k.kind} normalizer but task.answer.{k.name} has type {answer.field(k.name).type}", f"normalize.keys.{k.name}")
+            raise _bad(
+                f"normalize.keys.{k.name} is a {k.kind} normalizer but task.answer.{k.name} has type {answer.field(k.name).type}",
+                f"normalize.keys.{k.name}",
+            )
     if p.evidence not in EVIDENCE_MODES:
         raise _bad(f"normalize.evidence must be one of {list(EVIDENCE_MODES)}", "normalize.evidence")
     unit_alt = _unit_alternation(units)
@@ -204,15 +239,24 @@ def build_vocab(p: NormalizeParams) -> Vocab:
         unit_by_variant=units,
         date_formats=tuple(p.date_formats),
         evidence=p.evidence,
-        affix_prefix=re.compile(rf"^(?:[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?\s*[:=|]?\s*)+", re.IGNORECASE),
-        affix_suffix=re.compile(rf"(?:\s*[:=|]?\s*[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?)+$", re.IGNORECASE),
-        quote_number=re.compile(rf"(?<![\w.,\-])(-?)(\d+(?:[.,]\d+)*)(?:\s*\(?\s*({unit_alt}))?", re.IGNORECASE),
+        affix_prefix=re.compile(
+            rf"^(?:[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?\s*[:=|]?\s*)+", re.IGNORECASE
+        ),
+        affix_suffix=re.compile(
+            rf"(?:\s*[:=|]?\s*[(\[]?\s*{_NUM}\s*(?:{unit_alt})?\s*[)\]]?)+$", re.IGNORECASE
+        ),
+        quote_number=re.compile(
+            rf"(?<![\w.,\-])(-?)(\d+(?:[.,]\d+)*)(?:\s*\(?\s*({unit_alt}))?", re.IGNORECASE
+        ),
         decimals=int(p.value_decimals),
         rel_tol=float(p.value_rel_tol),
         abs_tol=float(p.value_abs_tol),
     )
     if vocab.unit_of and not vocab.key(vocab.unit_of).word_unit:
-        raise _bad(f"task.answer's unit is decided by {vocab.unit_of!r}, but normalize.keys.{vocab.unit_of} gives its words no unit", f"normalize.keys.{vocab.unit_of}")
+        raise _bad(
+            f"task.answer's unit is decided by {vocab.unit_of!r}, but normalize.keys.{vocab.unit_of} gives its words no unit",
+            f"normalize.keys.{vocab.unit_of}",
+        )
     return vocab
 
 
@@ -221,7 +265,9 @@ _NUM = r"[-+]?\d+(?:[.,]\d+)*"
 
 def _unit_alternation(units: Mapping[str, tuple[str, float]]) -> str:
     """Regex alternation of unit variants; word units must end at a word boundary ("s" != "Scrap")."""
-    parts = [re.escape(u) + (r"\b" if u[-1].isalnum() else "") for u in sorted(units, key=len, reverse=True) if u]
+    parts = [
+        re.escape(u) + (r"\b" if u[-1].isalnum() else "") for u in sorted(units, key=len, reverse=True) if u
+    ]
     return "|".join(parts) or r"(?!)"
 
 
@@ -342,8 +388,12 @@ def parse_date(text: str, vocab: Vocab) -> str | None:
     The date is the one written (plant-local wall clock): an offset is not converted to
     UTC, since a shift date is a local date.
     """
-    cleaned = clean_text(text)
-    for fmt in vocab.date_formats:
+    return _parse_cleaned_date(clean_text(text), vocab.date_formats)
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse_cleaned_date(cleaned: str, formats: tuple[str, ...]) -> str | None:
+    for fmt in formats:
         try:
             return dt.datetime.strptime(cleaned, fmt).date().isoformat()
         except ValueError:
@@ -351,22 +401,39 @@ def parse_date(text: str, vocab: Vocab) -> str | None:
     return None
 
 
+# strptime directives that read digits: a format with one of them never matches a digit-free string
+_NUMERIC_DIRECTIVE = re.compile(r"%[dmyYHIMSfjUWwuVGz]")
+
+
 def dates_in(text: str, vocab: Vocab, max_words: int = 4) -> list[str]:
     """ISO dates written anywhere in ``text`` in a configured format, in order of appearance.
 
     Every run of up to ``max_words`` whitespace-separated words (trailing ``,.;:)`` removed)
     is tried with :func:`parse_date`; a shorter run that parses is not reported again inside
-    a longer one starting at the same word.
+    a longer one starting at the same word. Memoized on (text, formats): retrieval hands the
+    same documents to many requests and to every model.
     """
+    return list(_dates_in(text, vocab.date_formats, max_words))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dates_in(text: str, formats: tuple[str, ...], max_words: int) -> tuple[str, ...]:
     words = clean_text(text).split()
+    # when every format reads a digit (%d, %Y, ...), a run without a decimal digit (of any script, as
+    # strptime's \d) cannot parse: skipping it is exact, and it is most runs of prose
+    digits_needed = all(_NUMERIC_DIRECTIVE.search(f) for f in formats)
+    has_digit = [any(c.isdecimal() for c in w) for w in words]
     found: list[str] = []
     for i in range(len(words)):
         for j in range(min(len(words), i + max_words), i, -1):
-            iso = parse_date(" ".join(words[i:j]).rstrip(",.;:)").lstrip("("), vocab)
+            if digits_needed and not any(has_digit[i:j]):
+                break  # the shorter runs from word i are digit-free too
+            run = clean_text(" ".join(words[i:j]).rstrip(",.;:)").lstrip("("))
+            iso = _parse_cleaned_date(run, formats)
             if iso is not None:
                 found.append(iso)
                 break
-    return list(dict.fromkeys(found))
+    return tuple(dict.fromkeys(found))
 
 
 def decimal_readings(token: str) -> list[float]:
@@ -431,7 +498,9 @@ def quote_carries_value(quote: str, value: float, raw_value: float | None, vocab
             if unit is not None:
                 if value_equal(to_canonical(reading, unit, vocab)[0], value, vocab):
                     return True
-            elif value_equal(reading, value, vocab) or (raw_value is not None and value_equal(reading, raw_value, vocab)):
+            elif value_equal(reading, value, vocab) or (
+                raw_value is not None and value_equal(reading, raw_value, vocab)
+            ):
                 return True
     return False
 
@@ -449,7 +518,9 @@ def _value_text(value: Any, vocab: Vocab) -> str:
     return f"{value:g}" if vocab.value_type == "number" else repr(value)
 
 
-def evidence_status(quote: Any, body: str, value: Any, raw_value: float | None, vocab: Vocab) -> tuple[str, str]:
+def evidence_status(
+    quote: Any, body: str, value: Any, raw_value: float | None, vocab: Vocab
+) -> tuple[str, str]:
     """Judge one evidence quote against its cited document's body.
 
     Args:
@@ -468,15 +539,23 @@ def evidence_status(quote: Any, body: str, value: Any, raw_value: float | None, 
     quote = str(quote)
     clean_quote, clean_body = clean_text(quote), clean_text(body)
     if not clean_quote or clean_quote not in clean_body:
-        return "evidence_not_verbatim", f"quote {quote[:80]!r} is not in the cited document even after Unicode/whitespace cleaning"
+        return (
+            "evidence_not_verbatim",
+            f"quote {quote[:80]!r} is not in the cited document even after Unicode/whitespace cleaning",
+        )
     if not carries_value(clean_quote, value, raw_value, vocab):
-        return "evidence_missing_value", f"quote {clean_quote[:80]!r} does not carry the value {_value_text(value, vocab)}"
+        return (
+            "evidence_missing_value",
+            f"quote {clean_quote[:80]!r} does not carry the value {_value_text(value, vocab)}",
+        )
     if quote.strip() in body:
         return "ok", ""
     return "repaired", f"quote matched the document only after Unicode/whitespace cleaning: {quote[:80]!r}"
 
 
-def locate_evidence(ctx: list[str], kb_raw: Mapping[str, tuple[str, str]], value: Any, raw_value: float | None, vocab: Vocab) -> tuple[str, str, int]:
+def locate_evidence(
+    ctx: list[str], kb_raw: Mapping[str, tuple[str, str]], value: Any, raw_value: float | None, vocab: Vocab
+) -> tuple[str, str, int]:
     """The first sentence of the context (documents in order) that carries the value.
 
     The sentences are the quotable ones of :func:`clap.task.prompt.context_sentences` (what
@@ -491,11 +570,17 @@ def locate_evidence(ctx: list[str], kb_raw: Mapping[str, tuple[str, str]], value
     found = []
     for doc in ctx:
         body = clean_text(kb_raw[doc][1])
-        quote = next((q for q in context_sentences([(doc, body)]) if carries_value(q, value, raw_value, vocab)), None)
+        quote = next(
+            (q for q in context_sentences([(doc, body)]) if carries_value(q, value, raw_value, vocab)), None
+        )
         if quote is not None:
             found.append((doc, quote))
     if not found:
-        raise ClapError(f"no sentence of the context carries the value {_value_text(value, vocab)}", column="evidence", rule="evidence_not_found")
+        raise ClapError(
+            f"no sentence of the context carries the value {_value_text(value, vocab)}",
+            column="evidence",
+            rule="evidence_not_found",
+        )
     return found[0][0], found[0][1], len(found)
 
 
@@ -511,7 +596,16 @@ def _unit_cols(vocab: Vocab) -> list[str]:
 
 def record_columns(vocab: Vocab) -> list[str]:
     """Normalized records: one canonical fact each (key fields, value, unit by their answer names)."""
-    return ["record_id", "source_system", *vocab.answer.keys, "value", *_unit_cols(vocab), "text", "source_file", "source_line"]
+    return [
+        "record_id",
+        "source_system",
+        *vocab.answer.keys,
+        "value",
+        *_unit_cols(vocab),
+        "text",
+        "source_file",
+        "source_line",
+    ]
 
 
 def kb_columns(vocab: Vocab) -> list[str]:
@@ -562,7 +656,15 @@ def canonical_facts(raw: Mapping[str, Any], value: Any, vocab: Vocab) -> dict[st
             ``unparseable_<key>`` for a date, ``empty_<key>`` for text, ``unknown_unit``,
             ``unit_mismatch``: the unit does not fit the word of the key that decides it) and the column.
     """
-    facts = {k.name: _need(canonical_key(k.name, raw[f"{k.name}_raw"], vocab), _key_rule(k), f"{k.name}_raw", raw[f"{k.name}_raw"]) for k in vocab.keys}
+    facts = {
+        k.name: _need(
+            canonical_key(k.name, raw[f"{k.name}_raw"], vocab),
+            _key_rule(k),
+            f"{k.name}_raw",
+            raw[f"{k.name}_raw"],
+        )
+        for k in vocab.keys
+    }
     facts["value"] = value
     if vocab.unit_field:
         unit_raw = _text(raw["unit_raw"])
@@ -570,7 +672,11 @@ def canonical_facts(raw: Mapping[str, Any], value: Any, vocab: Vocab) -> dict[st
         if vocab.unit_of:
             want = vocab.key(vocab.unit_of).word_unit.get(facts[vocab.unit_of])
             if canon_unit != want:
-                raise ClapError(f"unit {unit_raw!r} ({canon_unit}) does not fit {vocab.unit_of} {facts[vocab.unit_of]} ({want})", column="unit_raw", rule="unit_mismatch")
+                raise ClapError(
+                    f"unit {unit_raw!r} ({canon_unit}) does not fit {vocab.unit_of} {facts[vocab.unit_of]} ({want})",
+                    column="unit_raw",
+                    rule="unit_mismatch",
+                )
         if vocab.value_type == "number":
             facts["value"] = to_canonical(value, unit_raw, vocab)[0]
         facts[vocab.unit_field] = canon_unit
@@ -582,7 +688,9 @@ def _reject(artifact: str, item_id: Any, rule: str, action: str, detail: str) ->
 
 
 def _reject_from(artifact: str, item_id: Any, err: ClapError) -> dict[str, Any]:
-    return _reject(artifact, item_id, err.rule or "invalid", "rejected", f"column {err.column}: {err.args[0]}")
+    return _reject(
+        artifact, item_id, err.rule or "invalid", "rejected", f"column {err.column}: {err.args[0]}"
+    )
 
 
 def normalize_records(records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame, list[dict]]:
@@ -590,7 +698,11 @@ def normalize_records(records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame
     rows, rejects = [], []
     for raw in records.to_dict("records"):
         try:
-            facts = canonical_facts(raw, _need(parse_gold_value(raw["value"], vocab), "unparseable_value", "value", raw["value"]), vocab)
+            facts = canonical_facts(
+                raw,
+                _need(parse_gold_value(raw["value"], vocab), "unparseable_value", "value", raw["value"]),
+                vocab,
+            )
         except ClapError as e:
             rejects.append(_reject_from("records", raw["record_id"], e))
             continue
@@ -598,7 +710,9 @@ def normalize_records(records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame
     return _frame(rows, record_columns(vocab), vocab), rejects
 
 
-def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[dict, str, int]:
+def normalize_item(
+    raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab
+) -> tuple[dict, str, int]:
     """Normalize one question-log item and verify (or, with ``evidence: locate``, find) its evidence.
 
     Args:
@@ -613,20 +727,30 @@ def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]]
     Raises:
         ClapError: a row-level rejection (rule names why).
     """
-    value_raw = _need(parse_gold_value(raw["value_raw"], vocab), "unparseable_value", "value_raw", raw["value_raw"])
+    value_raw = _need(
+        parse_gold_value(raw["value_raw"], vocab), "unparseable_value", "value_raw", raw["value_raw"]
+    )
     facts = canonical_facts(raw, value_raw, vocab)
     number_raw = value_raw if vocab.value_type == "number" else None
     ctx = parse_doc_ids(raw["context_doc_ids"])
     unknown = [d for d in ctx if d not in kb_raw]
     if unknown:
-        raise ClapError(f"context cites unknown documents {unknown}", column="context_doc_ids", rule="context_doc_unknown")
+        raise ClapError(
+            f"context cites unknown documents {unknown}", column="context_doc_ids", rule="context_doc_unknown"
+        )
     located = 0
     if vocab.evidence == "locate" and is_missing(raw["evidence"]) and is_missing(raw["evidence_doc_id"]):
         doc_id, quote, located = locate_evidence(ctx, kb_raw, facts["value"], number_raw, vocab)
         status, detail = "ok", ""
     else:
         doc_id, quote = _text(raw["evidence_doc_id"]).strip(), raw["evidence"]
-        status, detail = evidence_status(quote, _need(kb_raw.get(doc_id), "evidence_doc_unknown", "evidence_doc_id", raw["evidence_doc_id"])[1], facts["value"], number_raw, vocab)
+        status, detail = evidence_status(
+            quote,
+            _need(kb_raw.get(doc_id), "evidence_doc_unknown", "evidence_doc_id", raw["evidence_doc_id"])[1],
+            facts["value"],
+            number_raw,
+            vocab,
+        )
     if status not in ("ok", "repaired"):
         raise ClapError(detail, column="evidence", rule=status)
     question = clean_text(_text(raw["question"]))
@@ -636,7 +760,9 @@ def normalize_item(raw: Mapping[str, Any], kb_raw: Mapping[str, tuple[str, str]]
     return row, detail if status == "repaired" else "", located
 
 
-def normalize_items(items: pd.DataFrame, artifact: str, kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab) -> tuple[pd.DataFrame, list[dict], dict[str, int]]:
+def normalize_items(
+    items: pd.DataFrame, artifact: str, kb_raw: Mapping[str, tuple[str, str]], vocab: Vocab
+) -> tuple[pd.DataFrame, list[dict], dict[str, int]]:
     """Normalize every item of one question artifact; rejected and repaired rows are reported.
 
     Returns:
@@ -671,7 +797,9 @@ def _frame(rows: list[dict], columns: list[str], vocab: Vocab) -> pd.DataFrame:
 # --------------------------------------------------------------------------- dedup and overlap
 
 
-def _drop_marked(df: pd.DataFrame, dup: pd.Series, artifact: str, id_col: str, rule: Any, detail: Any) -> tuple[pd.DataFrame, list[dict]]:
+def _drop_marked(
+    df: pd.DataFrame, dup: pd.Series, artifact: str, id_col: str, rule: Any, detail: Any
+) -> tuple[pd.DataFrame, list[dict]]:
     """Drop rows where ``dup``; ``rule``/``detail`` are strings or per-row Series."""
     gone = df[dup]
     rules = rule[dup] if isinstance(rule, pd.Series) else pd.Series(rule, index=gone.index)
@@ -680,7 +808,9 @@ def _drop_marked(df: pd.DataFrame, dup: pd.Series, artifact: str, id_col: str, r
     return df[~dup].reset_index(drop=True), rejects
 
 
-def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: list[str], keys: Iterable[str]) -> tuple[pd.DataFrame, list[dict]]:
+def dedup_records(
+    records: pd.DataFrame, documented: Iterable[str], priority: list[str], keys: Iterable[str]
+) -> tuple[pd.DataFrame, list[dict]]:
     """Keep one record per fact: the same key fields (``keys``) and value.
 
     The kept copy is one a KB document describes (``documented`` record IDs: a synced copy
@@ -690,14 +820,25 @@ def dedup_records(records: pd.DataFrame, documented: Iterable[str], priority: li
     ``duplicate_across_systems``.
     """
     rank = {s: i for i, s in enumerate(priority)}
-    order = records.assign(_doc=~records["record_id"].isin(set(documented)), _rank=records["source_system"].map(lambda s: rank.get(s, len(rank))))
-    order = order.sort_values(["_doc", "_rank", "source_file", "source_line", "record_id"], kind="stable").drop(columns=["_doc", "_rank"])
+    order = records.assign(
+        _doc=~records["record_id"].isin(set(documented)),
+        _rank=records["source_system"].map(lambda s: rank.get(s, len(rank))),
+    )
+    order = order.sort_values(
+        ["_doc", "_rank", "source_file", "source_line", "record_id"], kind="stable"
+    ).drop(columns=["_doc", "_rank"])
     key = [*keys, "value"]
     kept_system = order.groupby(key, sort=False)["source_system"].transform("first")
     kept_id = order.groupby(key, sort=False)["record_id"].transform("first")
-    rule = (order["source_system"] == kept_system).map({True: "duplicate_within_system", False: "duplicate_across_systems"})
-    kept, rejects = _drop_marked(order, order.duplicated(key), "records", "record_id", rule, f"same {'/'.join(key)} as " + kept_id)
-    return kept.sort_values(["source_file", "source_line", "record_id"], kind="stable").reset_index(drop=True), rejects
+    rule = (order["source_system"] == kept_system).map(
+        {True: "duplicate_within_system", False: "duplicate_across_systems"}
+    )
+    kept, rejects = _drop_marked(
+        order, order.duplicated(key), "records", "record_id", rule, f"same {'/'.join(key)} as " + kept_id
+    )
+    return kept.sort_values(["source_file", "source_line", "record_id"], kind="stable").reset_index(
+        drop=True
+    ), rejects
 
 
 def dedup_items(items: pd.DataFrame, artifact: str) -> tuple[pd.DataFrame, list[dict]]:
@@ -706,12 +847,16 @@ def dedup_items(items: pd.DataFrame, artifact: str) -> tuple[pd.DataFrame, list[
     rejects: list[dict] = []
     for col, rule in (("item_id", "duplicate_item_id"), ("input_hash", "duplicate_input")):
         first = df.groupby(col, sort=False)["item_id"].transform("first")
-        df, found = _drop_marked(df, df.duplicated(col), artifact, "item_id", rule, f"same {col} as item " + first)
+        df, found = _drop_marked(
+            df, df.duplicated(col), artifact, "item_id", rule, f"same {col} as item " + first
+        )
         rejects += found
     return df, rejects
 
 
-def remove_overlap(items: pd.DataFrame, held: pd.DataFrame, artifact: str, held_name: str) -> tuple[pd.DataFrame, list[dict]]:
+def remove_overlap(
+    items: pd.DataFrame, held: pd.DataFrame, artifact: str, held_name: str
+) -> tuple[pd.DataFrame, list[dict]]:
     """Drop items of ``items`` whose item_id (``overlap_id``) or input hash (``overlap_text``) occurs in ``held``.
 
     Held-out data wins: the copy in the training (or lower-priority) split is the one removed.
@@ -719,14 +864,21 @@ def remove_overlap(items: pd.DataFrame, held: pd.DataFrame, artifact: str, held_
     by_id = items["item_id"].isin(set(held["item_id"]))
     by_text = ~by_id & items["input_hash"].isin(set(held["input_hash"]))
     rule = by_id.map({True: "overlap_id", False: "overlap_text"})
-    detail = rule.map({"overlap_id": f"item_id also in {held_name}", "overlap_text": f"same normalized question as an item in {held_name}"})
+    detail = rule.map(
+        {
+            "overlap_id": f"item_id also in {held_name}",
+            "overlap_text": f"same normalized question as an item in {held_name}",
+        }
+    )
     return _drop_marked(items, by_id | by_text, artifact, "item_id", rule, detail)
 
 
 # --------------------------------------------------------------------------- knowledge base and batch
 
 
-def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame, vocab: Vocab) -> tuple[pd.DataFrame, list[dict], dict[str, tuple[str, str]]]:
+def normalize_kb(
+    kb: pd.DataFrame, records: pd.DataFrame, vocab: Vocab
+) -> tuple[pd.DataFrame, list[dict], dict[str, tuple[str, str]]]:
     """Clean titles/bodies, keep the first row of a repeated doc_id, join the key fields from ``record_ref``.
 
     A document whose body is empty after cleaning is rejected (``empty_body``): it can be
@@ -741,10 +893,24 @@ def normalize_kb(kb: pd.DataFrame, records: pd.DataFrame, vocab: Vocab) -> tuple
         (normalized kb, rejects, doc_id -> (system, raw body) of every kept document).
     """
     df = kb.sort_values(["source_line", "doc_id"], kind="stable").reset_index(drop=True)
-    df = df.assign(raw_body=df["body"].map(_text), title=df["title"].map(lambda t: clean_text(_text(t))), body=df["body"].map(lambda t: clean_text(_text(t))))
+    df = df.assign(
+        raw_body=df["body"].map(_text),
+        title=df["title"].map(lambda t: clean_text(_text(t))),
+        body=df["body"].map(lambda t: clean_text(_text(t))),
+    )
     empty = df["body"] == ""
-    rejects = [_reject("kb", d, "empty_body", "rejected", "column body: empty after Unicode/whitespace cleaning") for d in df.loc[empty, "doc_id"]]
-    df, dups = _drop_marked(df[~empty], df[~empty].duplicated("doc_id"), "kb", "doc_id", "duplicate_doc_id", "doc_id already used by an earlier document")
+    rejects = [
+        _reject("kb", d, "empty_body", "rejected", "column body: empty after Unicode/whitespace cleaning")
+        for d in df.loc[empty, "doc_id"]
+    ]
+    df, dups = _drop_marked(
+        df[~empty],
+        df[~empty].duplicated("doc_id"),
+        "kb",
+        "doc_id",
+        "duplicate_doc_id",
+        "doc_id already used by an earlier document",
+    )
     facts = records.drop_duplicates("record_id").set_index("record_id")[list(vocab.answer.keys)]
     out = df.join(facts, on="record_ref")
     raw = {d: (s, b) for d, s, b in out[["doc_id", "system", "raw_body"]].itertuples(index=False)}
@@ -755,12 +921,21 @@ def load_assets(folder: Path, answer: AnswerSchema) -> dict[str, pd.DataFrame]:
     """Read a batch's asset parquet files; a missing file or column raises ClapError naming it."""
     cols = asset_columns(answer)
     frames = {}
-    for name, columns in {"records": cols["records"], "kb": cols["kb"], **dict.fromkeys(ITEM_ARTIFACTS, cols["items"])}.items():
+    for name, columns in {
+        "records": cols["records"],
+        "kb": cols["kb"],
+        **dict.fromkeys(ITEM_ARTIFACTS, cols["items"]),
+    }.items():
         path = Path(folder) / f"{name}.parquet"
         df = io.read_parquet(path)
         missing = [c for c in columns if c not in df.columns]
         if missing:
-            raise ClapError(f"asset lacks columns {missing} (see docs/data-contract.md)", file=path, column=missing[0], rule="missing_column")
+            raise ClapError(
+                f"asset lacks columns {missing} (see docs/data-contract.md)",
+                file=path,
+                column=missing[0],
+                rule="missing_column",
+            )
         frames[name] = df
     return frames
 
@@ -784,7 +959,9 @@ def normalize_batch(assets: Mapping[str, pd.DataFrame], p: NormalizeParams) -> N
     records, rejects = normalize_records(assets["records"], vocab)
     kb, found, kb_raw = normalize_kb(assets["kb"], records, vocab)
     rejects += found
-    records, found = dedup_records(records, kb["record_ref"].dropna(), list(p.duplicate_system_priority), vocab.answer.keys)
+    records, found = dedup_records(
+        records, kb["record_ref"].dropna(), list(p.duplicate_system_priority), vocab.answer.keys
+    )
     rejects += found
     items, located = {}, {}
     for name in ITEM_ARTIFACTS:
@@ -792,7 +969,13 @@ def normalize_batch(assets: Mapping[str, pd.DataFrame], p: NormalizeParams) -> N
         items[name], dups = dedup_items(df, name)
         rejects += found + dups
         located.update({f"{name}_{k}": v for k, v in counts.items()})
-    for name, held in (("sft", "eval"), ("sft", "replay"), ("grpo", "eval"), ("grpo", "replay"), ("replay", "eval")):
+    for name, held in (
+        ("sft", "eval"),
+        ("sft", "replay"),
+        ("grpo", "eval"),
+        ("grpo", "replay"),
+        ("replay", "eval"),
+    ):
         items[name], found = remove_overlap(items[name], items[held], name, held)
         rejects += found
     frames = {"records": records, "kb": kb, **items}
@@ -816,14 +999,24 @@ def canonicalization_counts(assets: Mapping[str, pd.DataFrame], vocab: Vocab) ->
     ``fixed_trailing_whitespace`` and ``fixed_unicode_lookalike`` (over the raw key fields, the
     unit and the question); comparable with the demo generator's MANIFEST noise counts.
     """
-    counts = dict.fromkeys(("fixed_numeric_prefix", "fixed_unit_variant", "fixed_trailing_whitespace", "fixed_unicode_lookalike"), 0)
+    counts = dict.fromkeys(
+        (
+            "fixed_numeric_prefix",
+            "fixed_unit_variant",
+            "fixed_trailing_whitespace",
+            "fixed_unicode_lookalike",
+        ),
+        0,
+    )
     stripped = [k.name for k in vocab.keys if k.strip_affixes]
     raw_fields = [f"{k}_raw" for k in vocab.answer.keys] + (["unit_raw"] if vocab.unit_field else [])
     for name in ("records", "sft", "eval", "replay"):
         for raw in assets[name].to_dict("records"):
             fields = {k: _text(raw.get(k)) for k in (*raw_fields, "question")}
             labels = [fields[f"{k}_raw"] for k in stripped]
-            counts["fixed_numeric_prefix"] += any(label_key(strip_value_affixes(x, vocab)) != label_key(x) for x in labels)
+            counts["fixed_numeric_prefix"] += any(
+                label_key(strip_value_affixes(x, vocab)) != label_key(x) for x in labels
+            )
             if vocab.unit_field:
                 unit = canonical_unit(fields["unit_raw"], vocab)
                 counts["fixed_unit_variant"] += unit is not None and fields["unit_raw"].strip() != unit[0]
@@ -832,7 +1025,9 @@ def canonicalization_counts(assets: Mapping[str, pd.DataFrame], vocab: Vocab) ->
     return counts
 
 
-def batch_metrics(assets: Mapping[str, pd.DataFrame], frames: Mapping[str, pd.DataFrame], rejects: pd.DataFrame) -> dict[str, int]:
+def batch_metrics(
+    assets: Mapping[str, pd.DataFrame], frames: Mapping[str, pd.DataFrame], rejects: pd.DataFrame
+) -> dict[str, int]:
     """Flat counts: rows in/out per artifact, and rows per (artifact, action, rule) and per action."""
     out: dict[str, int] = {}
     for name, df in frames.items():

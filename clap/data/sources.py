@@ -27,7 +27,6 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from clap.errors import ClapError
@@ -98,7 +97,9 @@ class Source:
     records: str = ""  # json: the records path ("[*]": the top-level array)
     sheet: str = ""  # xlsx: the sheet name
     table: TableSpec | None = None
-    only: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (path, kept values): other rows are `excluded` rejects
+    only: tuple[
+        tuple[str, tuple[Any, ...]], ...
+    ] = ()  # (path, kept values): other rows are `excluded` rejects
 
     def where(self, key: str = "") -> str:
         return f"assetize.sources.{self.name}" + (f".{key}" if key else "")
@@ -256,8 +257,15 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
             kw["columns"] = tuple(decl["columns"])
         if "only" in decl:
             only = decl["only"]
-            if not isinstance(only, dict) or not only or not all(isinstance(v, list) and v for v in only.values()):
-                raise _bad(f"{where}.only must map paths to the non-empty list of values a kept row has", f"{where}.only")
+            if (
+                not isinstance(only, dict)
+                or not only
+                or not all(isinstance(v, list) and v for v in only.values())
+            ):
+                raise _bad(
+                    f"{where}.only must map paths to the non-empty list of values a kept row has",
+                    f"{where}.only",
+                )
             kw["only"] = tuple((str(k), tuple(v)) for k, v in only.items())
         if "table" in decl:
             t = _keys(decl["table"], f"{where}.table", {"cells", "header_rows"})

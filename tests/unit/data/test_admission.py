@@ -272,7 +272,8 @@ REPORT = parse_answer_schema(
             "value": {"role": "value", "type": "number", "weight": 2.0},
             "scale": {"role": "unit", "type": "vocabulary", "weight": 1.0},
         },
-        "slice_columns": [], "show_doc_ids": True,
+        "slice_columns": [],
+        "show_doc_ids": True,
     }
 )
 REPORT_SP = ScoringParams(0.001, 0.01, REPORT)

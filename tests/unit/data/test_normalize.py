@@ -80,7 +80,9 @@ def test_confusables_map_cyrillic_lookalikes_back_to_latin(text, rnd):
 
 # --------------------------------------------------------------------------- metric labels
 
-CANONICAL_LABELS = sorted({lbl for m, spec in P.keys["metric"]["words"].items() for lbl in [m, *spec["labels"]]})
+CANONICAL_LABELS = sorted(
+    {lbl for m, spec in P.keys["metric"]["words"].items() for lbl in [m, *spec["labels"]]}
+)
 numbers = st.builds(
     lambda v, d, comma: f"{v:.{d}f}".replace(".", "," if comma else "."),
     st.floats(0, 5000, allow_nan=False),
@@ -464,7 +466,9 @@ def test_the_documented_copy_of_a_duplicate_is_kept():
     kept, rejects = dedup_records(records, ["WO-7"], ["mes", "qms", "cmms"], V.answer.keys)
     assert list(kept["record_id"]) == ["WO-7"]
     assert [(r["item_id"], r["rule"]) for r in rejects] == [("SR-7", "duplicate_across_systems")]
-    kept, _ = dedup_records(records, [], ["mes", "qms", "cmms"], V.answer.keys)  # no document: system priority decides
+    kept, _ = dedup_records(
+        records, [], ["mes", "qms", "cmms"], V.answer.keys
+    )  # no document: system priority decides
     assert list(kept["record_id"]) == ["SR-7"]
 
 
@@ -582,3 +586,37 @@ def test_dates_in_keeps_order_and_ignores_numbers_that_are_no_date():
     text = "From 2026-01-05 to 7 January 2026 the OEE was 81.5 % and 14 pcs; 2026-01-05 again."
     assert dates_in(text, V) == ["2026-01-05", "2026-01-07"]
     assert dates_in("Scrap 12.5 % on line 3, 1200 ppm.", V) == []
+
+
+def _dates_in_every_run(text: str, vocab, max_words: int = 4) -> list[str]:
+    """dates_in's definition by brute force: every run of words tried, nothing skipped or memoized."""
+    words = clean_text(text).split()
+    found = []
+    for i in range(len(words)):
+        for j in range(min(len(words), i + max_words), i, -1):
+            iso = parse_date(" ".join(words[i:j]).rstrip(",.;:)").lstrip("("), vocab)
+            if iso is not None:
+                found.append(iso)
+                break
+    return list(dict.fromkeys(found))
+
+
+_PROSE_WORDS = ["14", "Mar", "March", "2026", "2026-03-14", "03/14/2026", "14.03.2026", "(", "),", "line",
+                "L5", "shift", "B,", "at", "08:30", "2026-03-14T08:30:00", "scrap", "4.5", "%", "pcs.", "١٤",
+                "１４", "March 14,", "the"]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.sampled_from(_PROSE_WORDS), max_size=14))
+def test_dates_in_equals_trying_every_run(words):
+    """The digit-free runs dates_in skips and its memo change nothing: the brute force finds the same dates."""
+    text = " ".join(words)
+    assert dates_in(text, V) == _dates_in_every_run(text, V)
+    assert dates_in(text, V) == _dates_in_every_run(text, V)  # again, from the memo
+
+
+def test_dates_in_skips_digit_free_runs_only_when_every_format_reads_digits():
+    """A format without a numeric directive (%B alone) can match a digit-free run: then nothing is skipped."""
+    monthly = dataclasses.replace(V, date_formats=(*V.date_formats, "%B"))
+    assert dates_in("in March the OEE fell", V) == []
+    assert dates_in("in March the OEE fell", monthly) == ["1900-03-01"]

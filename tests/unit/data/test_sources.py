@@ -93,7 +93,8 @@ THIRD_TASK = {
         "value": {"role": "value", "type": "number", "weight": 2.0},
         "unit": {"role": "unit", "weight": 1.0},
     },
-    "slice_columns": ["question_type"], "show_doc_ids": True,
+    "slice_columns": ["question_type"],
+    "show_doc_ids": True,
 }
 THIRD_ANSWER = parse_answer_schema(THIRD_TASK)
 DEMO_ANSWER = load_answer_schema(ROOT / "params.yaml")

@@ -21,7 +21,12 @@ from tests.unit.data.test_sources import THIRD, THIRD_ANSWER, params
 
 SITES = ["Hamburg", "Bremen", "Kiel", "Lübeck", "Rostock", "Emden"]
 PERIODS = ["2026-Q1", "2026-Q2", "2026-Q3", "2026-Q4"]
-MEASURES = {"Revenue": "revenue", "Net Sales": "revenue", "Opex": "operating_cost", "Operating cost": "operating_cost"}
+MEASURES = {
+    "Revenue": "revenue",
+    "Net Sales": "revenue",
+    "Opex": "operating_cost",
+    "Operating cost": "operating_cost",
+}
 
 NORMALIZE = NormalizeParams(
     keys={
@@ -86,7 +91,9 @@ def write_company(batch: Path) -> int:
         })  # fmt: skip
     wb.save(batch / "erp" / "facts.xlsx")
     keys, facts, heads, bodies = zip(*docs)
-    table = pa.table({"key": list(keys), "fact": list(facts), "heading": list(heads), "content": list(bodies)})
+    table = pa.table(
+        {"key": list(keys), "fact": list(facts), "heading": list(heads), "content": list(bodies)}
+    )
     pq.write_table(table, batch / "docs.parquet")
     (batch / "questions.json").write_text(json.dumps({"data": {"items": items}}), encoding="utf-8")
     return 3 * len(docs)

@@ -146,3 +146,56 @@ def test_a_cached_prefix_scores_as_the_full_forward(tiny_base):
     assert mdl.completion_nll(model, items, max_tokens=10_000, prefix=wrong)[0][0] != pytest.approx(
         full[0][0], rel=1e-3
     )
+
+
+def test_generation_attention_hands_grouped_heads_to_torch_and_computes_the_same(tiny_base, monkeypatch):
+    """load_model's attention (CPU) passes a masked multi-token query's key/value heads to torch as they are
+    (enable_gqa) instead of transformers' per-head copies: the logits are bit-equal, through left padding and
+    a cache, and one-token queries take transformers' path."""
+    from transformers import DynamicCache
+
+    ours = mdl.load_model(tiny_base)
+    assert ours.config._attn_implementation == mdl.GQA_SDPA
+    assert ours.config.num_attention_heads > ours.config.num_key_value_heads  # grouped: the case it changes
+    plain = mdl.load_model(tiny_base)
+    plain.set_attn_implementation("sdpa")
+    torch.manual_seed(0)
+    ids = torch.randint(5, 400, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[1, :1] = 0, 0  # left padding
+    sdpa, grouped = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(q, k, v, **kw):
+        grouped.append(kw.get("enable_gqa", False) and q.shape[1] != k.shape[1])
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    outs = []
+    for model in (ours, plain):
+        cache, calls = DynamicCache(config=model.config), len(grouped)
+        with torch.no_grad():
+            first = model(input_ids=ids[:, :8], attention_mask=mask[:, :8], cache=cache).logits
+            chunk = model(input_ids=ids[:, 8:], attention_mask=mask, cache=cache).logits
+            step = model(
+                input_ids=ids[:, -1:], attention_mask=torch.cat([mask, mask[:, -1:]], 1), cache=cache
+            ).logits
+        outs.append((first, chunk, step, sum(grouped[calls:])))
+    (*ours_logits, ours_grouped), (*plain_logits, plain_grouped) = outs
+    assert (
+        ours_grouped == 2 * ours.config.num_hidden_layers and plain_grouped == 0
+    )  # first and chunk, every layer
+    for a, b in zip(ours_logits, plain_logits):
+        assert torch.equal(a, b)
+
+
+def test_base_weights_hash_is_recomputed_when_the_file_changes(tmp_path):
+    """The per-process memo of a weights hash is keyed by the file's size, mtime and inode."""
+    import os
+
+    (tmp_path / "model.safetensors").write_bytes(b"a" * 64)
+    first = mdl.base_sha256(tmp_path)
+    assert mdl.base_sha256(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"b" * 64)  # same size
+    st = (tmp_path / "model.safetensors").stat()
+    os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert mdl.base_sha256(tmp_path) != first
