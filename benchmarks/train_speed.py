@@ -3,8 +3,9 @@
 Both train the same first ``--examples`` admitted D_sft examples of a batch (built with
 clap.task.prompt, completion-only loss) on models/base with the LoRA config of params ``train``:
 
-- ``clap``:  params ``train`` as the stage runs it (padding-free BFD packing into
-  ``max_length`` rows, the LM head applied to loss positions only: ``compact_lm_head``);
+- ``clap``:  params ``train`` as the stage runs it (batch size, packing and length grouping as
+  params say; ``clap.train.sft.training_forwards``: the LM head applied to loss positions only and
+  the rows' shared prompt prefix computed once per forward);
 - ``plain``: ``SFTConfig`` defaults for collation (no packing, pad to the longest in a
   batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed.
 
@@ -107,10 +108,10 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
     from clap.train.sft import (
         TrainParams,
         build_examples,
-        compact_lm_head,
         load_train_model,
         lora_config,
         sft_config,
+        training_forwards,
     )
 
     tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads)
@@ -151,7 +152,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         callbacks=[rate],
     )
     if path == "clap":
-        with compact_lm_head():
+        with training_forwards(trainer.model):
             trainer.train()
     else:
         trainer.train()

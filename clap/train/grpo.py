@@ -40,6 +40,7 @@ from clap.train.sft import (
     canonical_adapter_config,
     load_train_model,
     lora_config,
+    training_forwards,
 )
 
 log = logging.getLogger(__name__)
@@ -353,7 +354,8 @@ def _train(
             rollout_func=clap_rollouts(p.seed) if p.rollouts == "clap" else None,
         )
         quiet_trainer(trainer, TrainProgress(f"grpo {adapter_dir.name}", ("reward", "kl")))
-        trainer.train()
+        with training_forwards(trainer.model):  # a group's rows share their whole prompt
+            trainer.train()
     sha = save_adapter(trainer, adapter_dir) if args.process_index == 0 else ""
     numbers = {
         **diag.summary(),

@@ -349,6 +349,17 @@ def compact_lm_head():
         trl_utils._use_triton = original
 
 
+@contextlib.contextmanager
+def training_forwards(model):
+    """How clap's trainers compute a training forward: TRL's fused LM head on loss positions only
+    (:func:`compact_lm_head`) over a decoder that computes the rows' shared prefix once
+    (:func:`clap.train.shared_prefix.shared_prefix_backbone`). Loss and gradients as the plain forward's."""
+    from clap.train.shared_prefix import shared_prefix_backbone
+
+    with compact_lm_head(), shared_prefix_backbone(model):
+        yield
+
+
 def masked_label_counts(dataset) -> tuple[int, int]:
     """(labels masked with -100, all label positions) in the trainer's prepared dataset."""
     labels = dataset["labels"]
@@ -604,7 +615,7 @@ def _run_trainer(
         )
         out = restore_stopped_run(trainer, diag, Path(resume))
     else:
-        with compact_lm_head():
+        with training_forwards(trainer.model):
             out = trainer.train(resume_from_checkpoint=resume)
     probe_start, probe_end = diag.score_probe(trainer.model)
     final = ckpt_dir / "final"
