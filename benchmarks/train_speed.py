@@ -22,7 +22,7 @@ same threads, two ways:
   attention multiply-adds per layer summed over layers (L the mean sequence length, d the
   hidden size); forward once, backward once more for input gradients (twice for attention).
 
-    nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2]
+    nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -184,6 +184,7 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per path, alternating; medians reported")
     ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
     ap.add_argument("--path", choices=["clap", "plain"], help=argparse.SUPPRESS)  # child process mode
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/train_speed.json"))
@@ -191,24 +192,27 @@ def main() -> None:
     if a.path:
         print(json.dumps(run_path(a.path, a.batch, a.examples, a.threads, a.warmup)))
         return
+    runs: dict[str, list[dict]] = {"clap": [], "plain": []}
+    child = ["--batch", a.batch, "--examples", str(a.examples), "--threads", str(a.threads)]
+    child += ["--warmup", str(a.warmup)]
+    for rep in range(a.repeats):  # alternating order: these machines drift by 10-15 % within minutes
+        for path in ("clap", "plain") if rep % 2 == 0 else ("plain", "clap"):
+            cmd = [sys.executable, __file__, "--path", path, *child]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(
+                f"rep {rep} {path}: {runs[path][-1]['tokens_per_s']:.1f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    # each path's run of median throughput, with every run's throughput beside it
     results = {}
-    for path in ("clap", "plain"):
-        cmd = [
-            sys.executable,
-            __file__,
-            "--path",
-            path,
-            "--batch",
-            a.batch,
-            "--examples",
-            str(a.examples),
-            "--threads",
-            str(a.threads),
-            "--warmup",
-            str(a.warmup),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        results[path] = json.loads(done.stdout.strip().splitlines()[-1])
+    for path, rs in runs.items():
+        rates = [r["tokens_per_s"] for r in rs]
+        results[path] = {
+            **sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2],
+            "tokens_per_s_runs": rates,
+        }
     peak = matmul_peak(a.threads)
     for r in results.values():
         r["flops_per_s_6N"] = 6 * r["n_params"] * r["tokens_per_s"]
@@ -220,6 +224,7 @@ def main() -> None:
         "examples": a.examples,
         "threads": a.threads,
         "warmup_steps": a.warmup,
+        "repeats": a.repeats,
         "matmul_peak_flops_per_s": peak,
         "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
         "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring",
