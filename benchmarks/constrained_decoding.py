@@ -3,8 +3,8 @@
 Same prompts (a batch's admitted eval items), same model, one process, side by side:
 
 - ``free``: no constraint (what clap did before ``chain.decoding``);
-- ``constrained``: the request's answer schema (clap/chain/grounding.py) with forced-token chunks
-  (the tokens the grammar forces are fed in one forward pass);
+- ``constrained``: the request's answer schema (clap/chain/grounding.py), the tokens the grammar
+  forces queued and fed in cost-chosen chunks (``clap.model.generate.chunk_length``), as eval runs it;
 - ``constrained-step``: the same constraint, every forced token its own decoding step.
 
 For each it reports wall time, new tokens, tokens/s, forward passes, the parse rate and pass rate,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from clap import io, params
     from clap.chain.grounding import Constrainer, answer_space
-    from clap.data.normalize import NormalizeParams
+    from clap.data.normalize import normalize_params
     from clap.judge.evaluation import eval_params, item_contexts
     from clap.model import constrain
     from clap.model.base import load_model, load_tokenizer
@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(ROOT / "models" / "base", a.adapter)
     tok = load_tokenizer(ROOT / "models" / "base", padding_side="left")
     started = time.perf_counter()
-    constraint = Constrainer(
-        answer_space(params.section("normalize", NormalizeParams), sp.answer), model, tok
-    )(docs)
+    constraint = Constrainer(answer_space(normalize_params(), sp.answer), model, tok)(docs)
     compile_s = time.perf_counter() - started
 
     forwards = {"n": 0}
