@@ -48,6 +48,20 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def scramble_weights(model, seed: int):
+    """``model`` with every matrix redrawn at std 0.1: the tiny model's init (std .02) answers every prompt
+    with the same token, which would hide a padding bug; larger random matrices make the answer depend on
+    the whole prompt."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model
+
+
 def reference_nll(model, item) -> tuple[float, int]:
     """The straightforward score of one encoded item (``clap.model.base.Encoded``): a forward of the
     item alone, the logits of every position, the prompt masked; (summed completion NLL, tokens).

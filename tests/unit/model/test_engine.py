@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import scramble_weights
 
 from clap.errors import ClapError
 from clap.model.base import load_model, load_tokenizer
@@ -35,12 +36,7 @@ ANSWER = load_answer_schema(ROOT / "params.yaml")
 @pytest.fixture(scope="module")
 def pair(tiny_base):
     """The tiny model with larger random weights (answers depend on the whole prompt) and its openvino twin."""
-    model = load_model(tiny_base)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    model = scramble_weights(load_model(tiny_base), seed=1)
     return model, OpenVINOModel(model, "f32", 1), load_tokenizer(tiny_base, padding_side="left")
 
 

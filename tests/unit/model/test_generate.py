@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import scramble_weights
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,14 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def model_and_tok(tiny_base):
     from clap.model.base import load_model, load_tokenizer
 
-    model = load_model(tiny_base)
-    # The tiny model's init (std .02) answers every prompt with the same token, which would
-    # hide a padding bug; larger random matrices make the answer depend on the whole prompt.
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    model = scramble_weights(load_model(tiny_base), seed=0)
     return model, load_tokenizer(tiny_base, padding_side="left")
 
 
