@@ -8,6 +8,7 @@ here touches the network: ``HF_HUB_OFFLINE=1`` is set before transformers is use
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -87,13 +88,41 @@ def _torch_dtype(name: str):
     return dtypes[name]
 
 
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within one load, parse a GGUF file once and build gguf's tensor name map once.
+
+    transformers reads the file's metadata three times (config, tokenizer, weights; each a
+    pure-Python walk of the 49k-token vocabulary, ~6 s here) and builds a ``TensorNameMap``
+    per tensor (272 times). Both are read-only once built, so sharing them changes no byte
+    of the export (tests/unit/model/test_base.py); the base stage goes from ~29 s to ~10 s.
+    """
+    import gguf
+
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = shared_reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
 def _load_source(kind: str, where: Path | str, gguf: str | None, dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     try:
-        tok = AutoTokenizer.from_pretrained(str(where), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=_torch_dtype(dtype), **kwargs)
+        with _gguf_read_once() if gguf else contextlib.nullcontext():
+            tok = AutoTokenizer.from_pretrained(str(where), **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(str(where), dtype=_torch_dtype(dtype), **kwargs)
     except OSError as e:  # offline and not in the local cache, or not a model folder
         raise ClapError(
             f"cannot load base model {where!s} ({kind}) offline: {e}",

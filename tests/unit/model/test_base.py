@@ -199,3 +199,30 @@ def test_base_weights_hash_is_recomputed_when_the_file_changes(tmp_path):
     st = (tmp_path / "model.safetensors").stat()
     os.utime(tmp_path / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert mdl.base_sha256(tmp_path) != first
+
+
+def test_gguf_read_once_shares_the_parse_within_a_load_and_restores_gguf(tmp_path):
+    """transformers parses a GGUF three times per load; inside the context it gets one reader per file."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("clap.test", 7)
+    writer.add_tensor("w", np.arange(8, dtype=np.float32))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with mdl._gguf_read_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first
+        assert int(first.fields["clap.test"].parts[-1][0]) == 7
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 2
+        )
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_cls, name_map)
+    with pytest.raises(RuntimeError), mdl._gguf_read_once():
+        raise RuntimeError("a failed load")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_cls, name_map)
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
