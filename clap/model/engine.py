@@ -27,6 +27,7 @@ request at a time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -74,17 +75,19 @@ class TorchSession:
     def __init__(self, model: Any, prefix: Any, rows: int, capacity: int):
         self.model, self.cache = model, buffered_cache(prefix, rows, capacity)
 
-    def forward(self, ids: Any, mask: Any, positions: Any) -> Any:
-        """Logits at the last position of each row (rows x vocabulary)."""
+    def forward(self, ids: Any, mask: Any, positions: Any, rows: Sequence[int] | None = None) -> Any:
+        """Logits at the last position of each row (rows x vocabulary); of ``rows`` only, in that order,
+        when given: the output layer (a fifth of a one-token step) then runs for them alone."""
         device = self.model.device
-        out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with _output_rows(self.model, rows):
+            out = self.model(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits[:, -1]
 
     def select(self, keep: Sequence[int]) -> None:
@@ -92,6 +95,28 @@ class TorchSession:
         import torch
 
         self.cache.batch_select_indices(torch.tensor(keep, device=self.model.device))
+
+
+@contextlib.contextmanager
+def _output_rows(model: Any, rows: Sequence[int] | None):
+    """Within the block, the model's output layer sees only ``rows`` of its input (None: all rows).
+
+    A hook on the layer's input rather than a call of the decoder and the head by hand, so whatever
+    the model's own forward does with the logits afterwards (scaling, soft-capping) still applies.
+    """
+    if rows is None:
+        yield
+        return
+    import torch
+
+    index = torch.tensor(list(rows), dtype=torch.long, device=model.device)
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _layer, args: (args[0].index_select(0, index), *args[1:])
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def torch_prefix(model: Any, ids: Sequence[int]) -> Any:
@@ -290,13 +315,14 @@ class OpenVINOSession:
             {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "beam_idx": beams}
         )[0][:, -1]
 
-    def forward(self, ids: Any, mask: Any, positions: Any) -> Any:
+    def forward(self, ids: Any, mask: Any, positions: Any, rows: Sequence[int] | None = None) -> Any:
+        """Logits at the last position of each row, or of ``rows`` only (the graph computes every row)."""
         import numpy as np
         import torch
 
         logits = self._infer(ids.numpy(), mask.numpy(), positions.numpy(), self._beams)
         self._beams = np.arange(len(logits), dtype=np.int32)
-        return torch.from_numpy(np.array(logits))
+        return torch.from_numpy(np.array(logits if rows is None else logits[list(rows)]))
 
     def select(self, keep: Sequence[int]) -> None:
         import numpy as np

@@ -125,7 +125,7 @@ def _decode(
     (:func:`chunk_length`: a lone row feeds its whole run in one forward pass; in a full batch a long run
     is spread over several passes rather than padding every other row to its length). Rows whose feeds are
     shorter are left-padded, the padding masked out of attention, and logits are computed at the chunk's
-    last position only.
+    last position only, and (greedy) only for the rows that choose their next token there.
     """
     import torch
 
@@ -139,6 +139,7 @@ def _decode(
     mask = torch.cat([torch.ones((n, prefix_len), dtype=torch.long), suffix_mask], dim=1)
     state = session(model, prefix, n, prefix_len + width + max_new_tokens)
     logits = state.forward(ids, mask, positions)
+    scored = list(range(n))  # the rows (indices into `alive`) that `logits` holds, in order
     last = positions[:, -1:]
     alive, generated = list(range(n)), [[] for _ in range(n)]
     constrained = grammars is not None
@@ -146,18 +147,22 @@ def _decode(
     bitmask = grammars.bitmask(n) if constrained else None
     queued: list[list[int]] = [[] for _ in range(n)]  # tokens a row still has to feed (a forced run's rest)
     while True:
-        choosing = [j for j, row in enumerate(alive) if not queued[row]]
-        if constrained:
-            for j in choosing:
-                matchers[alive[j]].fill(bitmask, j)
-            grammars.apply(logits, bitmask[: len(alive)])
-        tokens = logits.argmax(-1).tolist() if sampling is None else sampling.pick(logits)
+        at = {j: k for k, j in enumerate(scored)}
+        if constrained and scored:
+            for j, row in enumerate(alive):
+                if not queued[row]:
+                    matchers[row].fill(bitmask, at[j])
+            grammars.apply(logits, bitmask[: len(scored)])
+        if not scored:
+            tokens = []
+        else:
+            tokens = logits.argmax(-1).tolist() if sampling is None else sampling.pick(logits)
         keep = []
         for j, row in enumerate(alive):
             if queued[row]:  # its last fed token was inside a forced run: nothing to choose yet
                 keep.append(j)
                 continue
-            tok = tokens[j]
+            tok = tokens[at[j]]
             generated[row].append(tok)
             if constrained:
                 matchers[row].accept(tok)
@@ -193,7 +198,12 @@ def _decode(
         mask = torch.cat([mask, chunk_mask], dim=1)
         positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding takes the row's next position, masked
         last = last + chunk_mask.sum(-1, keepdim=True)
-        logits = state.forward(chunk, mask, positions)
+        # greedy: logits only for the rows that choose next (a row still inside a forced run does not use
+        # them); sampling scores every row, so each draw takes the generator's same place in the stream
+        scored = list(range(len(alive)))
+        if sampling is None:
+            scored = [j for j, row in enumerate(alive) if not queued[row]]
+        logits = state.forward(chunk, mask, positions, None if len(scored) == len(alive) else scored)
 
 
 STEP_OVERHEAD_POSITIONS = 8

@@ -193,3 +193,30 @@ def test_engine_params_are_checked():
 def test_resolved_engine_and_its_label(name, precision, device, engine, label):
     p = EngineParams(name, precision)
     assert resolve_engine(p, device) == engine and engine_label(p, device) == label
+
+
+@pytest.mark.parametrize("engine", ["torch", "openvino"])
+def test_logits_of_chosen_rows_are_those_rows_of_every_rows_logits(pair, engine):
+    """Greedy decoding asks only the rows that choose next for logits: the same numbers in that order. On torch
+    within float rounding: the matrix product's kernel depends on how many rows it multiplies, as it already
+    did when finished rows leave the batch."""
+    from clap.model.engine import TorchSession
+
+    model, ov_model, _ = pair
+    rng = np.random.default_rng(2)
+    ids = torch.tensor(rng.integers(0, model.config.vocab_size, (4, 6)))
+    mask, positions = torch.ones((4, 6), dtype=torch.long), torch.arange(6).repeat(4, 1)
+
+    def session():
+        return TorchSession(model, None, 4, 8) if engine == "torch" else ov_model.session(None, 4)
+
+    with torch.inference_mode():
+        every = session().forward(ids, mask, positions)
+        for rows in ([3, 1], [2], []):
+            got = session().forward(ids, mask, positions, rows)
+            assert got.shape == (len(rows), model.config.vocab_size)
+            if engine == "openvino":
+                assert torch.equal(got, every[rows])
+            torch.testing.assert_close(got, every[rows], rtol=1e-5, atol=1e-5)
+        hooks = model.get_output_embeddings()._forward_pre_hooks
+        assert not hooks  # the row selection does not outlive its call
