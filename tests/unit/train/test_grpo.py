@@ -228,3 +228,43 @@ def test_clap_rollouts_return_what_trls_path_returns(batch, tiny_base):
 def test_clap_rollouts_refuse_sampling_they_do_not_implement(knob):
     with pytest.raises(ClapError, match="rollouts: trl"):
         clap_rollouts(seed=0)([], fake_trainer(None, None, **knob))
+
+
+@pytest.mark.parametrize("dora", [False, True])
+def test_merged_policy_computes_the_lora_policy_and_follows_its_updates(tiny_base, dora):
+    """Rollouts sample from the policy with its LoRA folded into a plain copy: same logits within float
+    rounding, the non-LoRA tensors shared, refreshed in place after an update; DoRA is not folded."""
+    import torch
+    from conftest import scramble_weights
+    from peft import LoraConfig, get_peft_model
+
+    from clap.model.base import load_model
+    from clap.train.grpo import merged_policy
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], use_dora=dora)
+    model = get_peft_model(scramble_weights(load_model(tiny_base), seed=3), config).eval()
+    if dora:
+        assert merged_policy(model) is None
+        return
+    ids = torch.randint(0, model.config.vocab_size, (2, 7))
+    for module in model.modules():  # a fresh LoRA's B is 0: give every adapter a delta
+        if hasattr(module, "lora_B") and "default" in module.lora_B:
+            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.2)
+    trainable = {n for n, t in model.named_parameters() if t.requires_grad}
+    with torch.no_grad():
+        folded = merged_policy(model)
+        assert {n for n, t in model.named_parameters() if t.requires_grad} == trainable  # nothing unfrozen
+        torch.testing.assert_close(folded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+        assert folded.get_input_embeddings().weight is model.get_base_model().get_input_embeddings().weight
+        with model.disable_adapter():
+            base_logits = model(ids).logits
+        assert not torch.allclose(folded(ids).logits, base_logits, atol=1e-3)  # the adapter is in it
+        for module in model.modules():  # an optimizer step
+            if hasattr(module, "lora_A") and "default" in module.lora_A:
+                module.lora_A["default"].weight.mul_(-1.5)
+        again = merged_policy(model, folded)
+        assert again is folded
+        torch.testing.assert_close(folded(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+        with model.disable_adapter():
+            assert merged_policy(model) is None  # adapters off: sample from the model itself
