@@ -95,7 +95,7 @@ def _gguf_read_once():
     transformers reads the file's metadata three times (config, tokenizer, weights; each a
     pure-Python walk of the 49k-token vocabulary, ~6 s here) and builds a ``TensorNameMap``
     per tensor (272 times). Both are read-only once built, so sharing them changes no byte
-    of the export (tests/unit/model/test_base.py); the base stage goes from ~29 s to ~10 s.
+    of the export (tests/unit/model/test_base.py); the demo's export took 29 s before, 14 s after.
     """
     import gguf
 
