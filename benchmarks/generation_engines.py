@@ -7,7 +7,9 @@ Modes: ``batch`` (all prompts in one call), ``latency`` (``--latency-items`` pro
 p50) and, for clap's engines, ``constrained`` (the eval stage's mode: each answer decoded inside its
 request's schema). Runs alternate between engines in each repeat (machines here drift by 10-15 %);
 the results are medians with the ratio to clap-on-torch, and how many answers equal clap-on-torch's
-(token ids for clap's engines, text for GenAI, which tokenizes the templated prompt itself).
+(token ids for clap's engines, text for GenAI, which tokenizes the templated prompt itself). Where
+answers differ the work differs too (a rambling row keeps a batch decoding to ``max_new_tokens``), so
+each row also states the tokens generated (GenAI's text re-tokenized) and tokens per second.
 
 GenAI is optional (``pip install --no-deps openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0``);
 it runs the graph clap builds (``clap.model.engine.llama_graph``, saved uncompressed at f32) with
@@ -142,6 +144,14 @@ def main(argv=None) -> dict:
     modes = {"batch": args.items, "latency": args.latency_items, "constrained": args.items}
     walls: dict[tuple[str, str], list[float]] = {}
     answers: dict[tuple[str, str], tuple] = {}
+
+    def n_tokens(texts, ids) -> list[int]:
+        return (
+            [len(x) for x in ids]
+            if ids is not None
+            else [len(tok(t, add_special_tokens=False).input_ids) for t in texts]
+        )
+
     for rep in range(args.repeats):
         names = list(engines) if rep % 2 == 0 else list(reversed(engines))
         for mode, items in modes.items():
@@ -183,6 +193,9 @@ def main(argv=None) -> dict:
             "walls_s": [round(w, 2) for w in ws],
             "speed_vs_clap_torch": round(base / median, 2),
             "identical_to_clap_torch": f"{same}/{len(texts)} ({'token ids' if ids is not None else 'text'})",
+            "new_tokens": sum(n_tokens(texts, ids)),
+            "longest_answer_tokens": max(n_tokens(texts, ids)),
+            "tokens_per_s": round(sum(n_tokens(texts, ids)) / median, 1),
         }
         if mode == "latency":
             row["p50_ms_per_request"] = round(median / args.latency_items * 1000)

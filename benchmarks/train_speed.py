@@ -9,6 +9,12 @@ clap.task.prompt, completion-only loss) on models/base with the LoRA config of p
 - ``plain``: ``SFTConfig`` defaults for collation (no packing, pad to the longest in a
   batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed.
 
+``--precision bf16`` runs both paths at bf16 (params ``train.precision: bf16``: the frozen base in bf16,
+fp32 LoRA weights, bf16 autocast; plain TRL with ``bf16=True`` on the same bf16 base), against the best
+bf16 ``torch.mm`` rate; ``--precision fp32,bf16`` runs all four (path, precision) pairs alternating and
+adds each path's bf16/fp32 ratio. Results are keyed ``clap``/``plain`` for one precision and
+``<path>-<precision>`` for two.
+
 Each path runs in its own process (clean peak RSS and thread state). Throughput counts real
 (non-pad) tokens after the first ``--warmup`` optimizer steps (page faults, lazy init).
 Achieved FLOP/s, against the best fp32 ``torch.mm`` rate measured in the same run with the
@@ -22,7 +28,7 @@ same threads, two ways:
   attention multiply-adds per layer summed over layers (L the mean sequence length, d the
   hidden size); forward once, backward once more for input gradients (twice for attention).
 
-    nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2] [--repeats 3]
+    nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2] [--repeats 3] [--precision fp32]
 """
 
 from __future__ import annotations
@@ -54,12 +60,13 @@ def machine() -> str:
     return f"{platform.machine()} {model} ({simd or 'no avx2'}), {os.cpu_count()} cpus"
 
 
-def matmul_peak(threads: int, n: int = 2048, reps: int = 8) -> float:
-    """Best fp32 GEMM rate (FLOP/s) of ``reps`` n x n products on ``threads`` threads."""
+def matmul_peak(threads: int, n: int = 2048, reps: int = 8, dtype: str = "fp32") -> float:
+    """Best GEMM rate (FLOP/s) of ``reps`` n x n products at ``dtype`` (fp32 | bf16) on ``threads`` threads."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)
     a @ b
     best = 0.0
     for _ in range(reps):
@@ -94,7 +101,7 @@ def _rate_callback(warmup: int):
     return Rate()
 
 
-def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) -> dict:
+def run_path(path: str, batch: str, examples: int, threads: int, warmup: int, precision: str) -> dict:
     """Train ``examples`` examples one way; tokens/s after warmup, steps, peak RSS."""
     import dataclasses
 
@@ -114,7 +121,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         training_forwards,
     )
 
-    tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads)
+    tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads, precision=precision)
     torch.set_num_threads(threads)
     torch.manual_seed(tp.seed)
     data = ROOT / "data/admitted" / batch
@@ -131,7 +138,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         args = SFTConfig(
             output_dir=str(out),
             use_cpu=True,
-            bf16=False,
+            bf16=precision == "bf16",
             seed=tp.seed,
             learning_rate=tp.lr,
             per_device_train_batch_size=4,
@@ -144,7 +151,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         )
     rate = _rate_callback(warmup)
     trainer = SFTTrainer(
-        model=load_train_model(ROOT / "models/base", "fp32-lora", "cpu"),
+        model=load_train_model(ROOT / "models/base", f"{precision}-lora", "cpu"),
         args=args,
         train_dataset=Dataset.from_list(ex),
         processing_class=tok,
@@ -152,7 +159,7 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int) ->
         callbacks=[rate],
     )
     if path == "clap":
-        with training_forwards(trainer.model):
+        with training_forwards(trainer.model, bf16=args.bf16):
             trainer.train()
     else:
         trainer.train()
@@ -186,53 +193,67 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="runs per path, alternating; medians reported")
     ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
+    ap.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp32,bf16 (both paths at each)")
     ap.add_argument("--path", choices=["clap", "plain"], help=argparse.SUPPRESS)  # child process mode
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/train_speed.json"))
     a = ap.parse_args()
+    precisions = a.precision.split(",")
     if a.path:
-        print(json.dumps(run_path(a.path, a.batch, a.examples, a.threads, a.warmup)))
+        print(json.dumps(run_path(a.path, a.batch, a.examples, a.threads, a.warmup, precisions[0])))
         return
-    runs: dict[str, list[dict]] = {"clap": [], "plain": []}
+    variants = [(path, prec) for prec in precisions for path in ("clap", "plain")]
+    runs: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
     child = ["--batch", a.batch, "--examples", str(a.examples), "--threads", str(a.threads)]
     child += ["--warmup", str(a.warmup)]
     for rep in range(a.repeats):  # alternating order: these machines drift by 10-15 % within minutes
-        for path in ("clap", "plain") if rep % 2 == 0 else ("plain", "clap"):
-            cmd = [sys.executable, __file__, "--path", path, *child]
+        for path, prec in variants if rep % 2 == 0 else variants[::-1]:
+            cmd = [sys.executable, __file__, "--path", path, "--precision", prec, *child]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            runs[(path, prec)].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(
-                f"rep {rep} {path}: {runs[path][-1]['tokens_per_s']:.1f} tokens/s",
+                f"rep {rep} {path} {prec}: {runs[(path, prec)][-1]['tokens_per_s']:.1f} tokens/s",
                 file=sys.stderr,
                 flush=True,
             )
-    # each path's run of median throughput, with every run's throughput beside it
+    # each variant's run of median throughput, with every run's throughput beside it
+    peaks = {prec: matmul_peak(a.threads, dtype=prec) for prec in precisions}
     results = {}
-    for path, rs in runs.items():
-        rates = [r["tokens_per_s"] for r in rs]
-        results[path] = {
+    for (path, prec), rs in runs.items():
+        r = {
             **sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2],
-            "tokens_per_s_runs": rates,
+            "tokens_per_s_runs": [r["tokens_per_s"] for r in rs],
+            "precision": prec,
         }
-    peak = matmul_peak(a.threads)
-    for r in results.values():
         r["flops_per_s_6N"] = 6 * r["n_params"] * r["tokens_per_s"]
-        r["fraction_of_matmul_peak_6N"] = r["flops_per_s_6N"] / peak
+        r["fraction_of_matmul_peak_6N"] = r["flops_per_s_6N"] / peaks[prec]
         r["flops_per_s_executed"] = r["executed_flops_per_token"] * r["tokens_per_s"]
-        r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peak
+        r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peaks[prec]
+        results[path if len(precisions) == 1 else f"{path}-{prec}"] = r
+
+    def rate(path: str, prec: str) -> float:
+        return results[path if len(precisions) == 1 else f"{path}-{prec}"]["tokens_per_s"]
+
+    speedups = {prec: rate("clap", prec) / rate("plain", prec) for prec in precisions}
     report = {
         "batch": a.batch,
         "examples": a.examples,
         "threads": a.threads,
         "warmup_steps": a.warmup,
         "repeats": a.repeats,
-        "matmul_peak_flops_per_s": peak,
-        "speedup_tokens_per_s": results["clap"]["tokens_per_s"] / results["plain"]["tokens_per_s"],
+        "precisions": precisions,
+        "matmul_peak_flops_per_s": peaks[precisions[0]] if len(precisions) == 1 else peaks,
+        # clap vs plain TRL at the same precision (one figure for one precision, else per precision)
+        "speedup_tokens_per_s": speedups[precisions[0]] if len(precisions) == 1 else speedups,
         "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring",
         "machine": machine(),
         "note": a.note,
         "load_avg_1m_at_end": os.getloadavg()[0],
-        **{f"{k}": v for k, v in results.items()},
+        **results,
     }
+    if len(precisions) > 1:  # each path's gain from its precision, last over first
+        report["precision_ratio_tokens_per_s"] = {
+            path: rate(path, precisions[-1]) / rate(path, precisions[0]) for path in ("clap", "plain")
+        }
     from clap import io
 
     io.write_json(a.out, report)

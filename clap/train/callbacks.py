@@ -166,6 +166,7 @@ class Diagnosis(TrainerCallback):
             prompt): their keys and values under the reference weights are computed once, and every
             reference score runs only the tokens after them (the reference weights never change
             during a run). Empty: reference scores run every token.
+        bf16: score under bf16 autocast, as the run trains (:func:`clap.train.sft.autocast_bf16`).
 
     The training side of a check is paired like the probe side: the trainer calls
     :meth:`see_batch` with each micro-batch it computes the loss on (:func:`paired_trainer`), and
@@ -181,8 +182,9 @@ class Diagnosis(TrainerCallback):
         inject_nan_at_step: int,
         start_weights: dict[str, Any] | None = None,
         prefix_ids: Sequence[int] = (),
+        bf16: bool = False,
     ):
-        self.p, self.probe = params, probe
+        self.p, self.probe, self.bf16 = params, probe, bf16
         self.start_weights = start_weights
         self.prefix_ids = tuple(prefix_ids)
         self._ref_prefix: Prefix | None = None  # the prefix under the reference weights, at first use
@@ -346,7 +348,7 @@ class Diagnosis(TrainerCallback):
         start, was_training = time.perf_counter(), model.training
         model.eval()  # no LoRA dropout while scoring
         device = next(model.parameters()).device
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
             prefix = None
             if reference and self.prefix_ids:
                 if self._ref_prefix is None:

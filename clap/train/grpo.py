@@ -37,9 +37,11 @@ from clap.train.sft import (
     SKIPPED_FILE,
     TrainerRun,
     TrainParams,
+    autocast_bf16,
     canonical_adapter_config,
     load_train_model,
     lora_config,
+    lora_precision,
     training_forwards,
 )
 
@@ -239,14 +241,15 @@ def merged_policy(model: Any, into: Any = None) -> Any:
 
 
 # --- trainer ------------------------------------------------------------------------------
-def grpo_config(p: GrpoParams, out_dir: Path, device: str):
-    """The GRPOConfig: every knob from params; one generation round per optimizer step; CPU-safe."""
+def grpo_config(p: GrpoParams, out_dir: Path, device: str, bf16: bool):
+    """The GRPOConfig: every knob from params; one generation round per optimizer step; CPU-safe;
+    ``bf16``: autocast as the SFT run's precision (params ``train.precision``), never TRL's default."""
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=str(out_dir),
         use_cpu=device == "cpu",
-        bf16=device == "cuda",
+        bf16=bf16,
         fp16=False,
         seed=p.seed,
         data_seed=p.seed,
@@ -284,7 +287,7 @@ def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, tp: TrainParams, d
             file=sft_dir,
             rule="missing_adapter",
         )
-    model = load_train_model(base_dir, "bf16-lora" if device == "cuda" else "fp32-lora", device)
+    model = load_train_model(base_dir, lora_precision(tp, device), device)
     if p.start_from == "sft":
         return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
     return model, lora_config(tp)
@@ -419,7 +422,7 @@ def _train(
         seed=p.seed,
     )
     with tempfile.TemporaryDirectory(prefix="clap-grpo-") as scratch:  # the probe saves no checkpoints
-        args = grpo_config(p, Path(scratch), device)
+        args = grpo_config(p, Path(scratch), device, autocast_bf16(lora_precision(tp, device), device))
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[reward_function(sp)],
@@ -431,13 +434,14 @@ def _train(
             rollout_func=clap_rollouts(p.seed) if p.rollouts == "clap" else None,
         )
         quiet_trainer(trainer, TrainProgress(f"grpo {adapter_dir.name}", ("reward", "kl")))
-        with training_forwards(trainer.model):  # a group's rows share their whole prompt
+        with training_forwards(trainer.model, bf16=args.bf16):  # a group's rows share their whole prompt
             trainer.train()
     sha = save_adapter(trainer, adapter_dir) if args.process_index == 0 else ""
     numbers = {
         **diag.summary(),
         "steps": int(trainer.state.global_step),
         "device": device,
+        "precision": lora_precision(tp, device),
         "adapter_sha256": sha,
         "base_sha256": mdl.base_sha256(base_dir),
     }

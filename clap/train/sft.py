@@ -79,6 +79,7 @@ class TrainParams:
     lora_dropout: float
     target_modules: Sequence[str]
     quantization: str
+    precision: str
     loss_on_prompt: bool
     save_steps: int
     checkpoint_root: str
@@ -191,25 +192,49 @@ def last_complete_checkpoint(ckpt_dir: Path, fp: str, is_main: bool) -> str | No
     return str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
 def precision_plan(tp: TrainParams, device: str) -> str:
-    """'qlora-nf4' or 'fp32-lora' (CUDA without quantization trains bf16: 'bf16-lora')."""
+    """'qlora-nf4' (params ``quantization``), else the LoRA's precision: 'fp32-lora' or 'bf16-lora'
+    (params ``precision``; ``auto``: bf16 on CUDA, fp32 on CPU)."""
     if tp.quantization not in ("auto", "none", "nf4"):
         raise ClapError(
             f"train.quantization must be auto, none or nf4, got {tp.quantization!r}",
             column="train.quantization",
             rule="bad_param",
         )
+    if tp.precision not in PRECISIONS:
+        raise ClapError(
+            f"train.precision must be one of {', '.join(PRECISIONS)}, got {tp.precision!r}",
+            column="train.precision",
+            rule="bad_param",
+        )
     if tp.quantization == "nf4" or (tp.quantization == "auto" and device == "cuda"):
         return "qlora-nf4"
-    return "bf16-lora" if device == "cuda" else "fp32-lora"
+    return lora_precision(tp, device)
+
+
+def lora_precision(tp: TrainParams, device: str) -> str:
+    """'bf16-lora' or 'fp32-lora': the precision of an unquantized LoRA run (SFT without nf4, the GRPO probe)."""
+    bf16 = tp.precision == "bf16" or (tp.precision == "auto" and device == "cuda")
+    return "bf16-lora" if bf16 else "fp32-lora"
+
+
+def autocast_bf16(precision: str, device: str) -> bool:
+    """Whether a run of plan ``precision`` computes under bf16 autocast (the trainers' ``bf16``, the
+    detector's scoring): bf16 LoRA anywhere, QLoRA on CUDA (its compute dtype; 4-bit on CPU stays fp32)."""
+    return precision == "bf16-lora" or (precision == "qlora-nf4" and device == "cuda")
 
 
 def load_train_model(base_dir: Path, precision: str, device: str):
-    """The base model to put LoRA on: fp32 on CPU, bf16 on CUDA, 4-bit nf4 for QLoRA."""
+    """The base model to put LoRA on: its frozen weights in bf16 for 'bf16-lora' (the LoRA weights peft
+    adds stay fp32), fp32 for 'fp32-lora'; 4-bit nf4 for QLoRA (bf16 compute on CUDA, fp32 on CPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32 if device == "cpu" else torch.bfloat16}
+    bf16 = precision == "bf16-lora" or (precision == "qlora-nf4" and device != "cpu")
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16 else torch.float32}
     if precision == "qlora-nf4":
         try:
             import bitsandbytes  # noqa: F401  (optional dependency: CUDA QLoRA)
@@ -246,13 +271,14 @@ def _disable_bnb_cpu_repacking(model) -> None:
 
 
 def sft_config(tp: TrainParams, out_dir: Path, device: str, world_size: int):
-    """The SFTConfig: every knob from params; CPU-safe (use_cpu, no bf16 autocast)."""
+    """The SFTConfig: every knob from params; CPU-safe (use_cpu; bf16 autocast only as params say,
+    never TRL's default)."""
     from trl import SFTConfig
 
     return SFTConfig(
         output_dir=str(out_dir),
         use_cpu=device == "cpu",
-        bf16=device == "cuda",
+        bf16=autocast_bf16(precision_plan(tp, device), device),
         fp16=False,
         seed=tp.seed,
         data_seed=tp.seed,
@@ -350,13 +376,21 @@ def compact_lm_head():
 
 
 @contextlib.contextmanager
-def training_forwards(model):
+def training_forwards(model, bf16: bool = False):
     """How clap's trainers compute a training forward: TRL's fused LM head on loss positions only
     (:func:`compact_lm_head`) over a decoder that computes the rows' shared prefix once
-    (:func:`clap.train.shared_prefix.shared_prefix_backbone`). Loss and gradients as the plain forward's."""
+    (:func:`clap.train.shared_prefix.shared_prefix_backbone`). Loss and gradients as the plain forward's.
+
+    ``bf16``: the run computes under bf16 autocast (:func:`autocast_bf16`). peft then casts each LoRA
+    layer's bf16 input up to its fp32 weights' dtype and autocast casts it straight back down for the
+    product: a lossless round trip of two copies per layer and pass. It is switched off
+    (``peft.helpers.disable_input_dtype_casting``): loss and gradients bit-identical, ~5 % of a step.
+    """
+    from peft.helpers import disable_input_dtype_casting
+
     from clap.train.shared_prefix import shared_prefix_backbone
 
-    with compact_lm_head(), shared_prefix_backbone(model):
+    with compact_lm_head(), shared_prefix_backbone(model), disable_input_dtype_casting(model, active=bf16):
         yield
 
 
@@ -582,6 +616,7 @@ def _run_trainer(
         inject_nan_at_step=tp.inject_nan_at_step,
         start_weights=trainable_weights(model) if start_dir is not None else None,
         prefix_ids=mdl.shared_prompt_prefix([*data.train, *data.probe]),
+        bf16=autocast_bf16(precision, device),
     )
     if resume:
         log.warning("resuming from %s", resume)
@@ -615,7 +650,7 @@ def _run_trainer(
         )
         out = restore_stopped_run(trainer, diag, Path(resume))
     else:
-        with training_forwards(trainer.model):
+        with training_forwards(trainer.model, bf16=args.bf16):
             out = trainer.train(resume_from_checkpoint=resume)
     probe_start, probe_end = diag.score_probe(trainer.model)
     final = ckpt_dir / "final"

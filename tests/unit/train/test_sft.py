@@ -50,6 +50,7 @@ def _tp(root: Path, **kw) -> tr.TrainParams:
         lora_dropout=0.0,
         target_modules=LORA_TARGETS,
         quantization="auto",
+        precision="auto",
         loss_on_prompt=False,
         save_steps=2,
         checkpoint_root=str(root / "checkpoints"),
@@ -307,6 +308,32 @@ def test_unknown_quantization_is_refused(tmp_path):
     assert tr.precision_plan(_tp(tmp_path, quantization="auto"), "cuda") == "qlora-nf4"
 
 
+def test_precision_param_picks_the_lora_dtype_and_autocast(tmp_path):
+    with pytest.raises(ClapError, match="train.precision"):
+        tr.precision_plan(_tp(tmp_path, precision="fp16"), "cpu")
+    plans = {
+        (precision, quantization, device): tr.precision_plan(
+            _tp(tmp_path, precision=precision, quantization=quantization), device
+        )
+        for precision in ("auto", "fp32", "bf16")
+        for quantization in ("auto", "none")
+        for device in ("cpu", "cuda")
+    }
+    assert plans[("auto", "auto", "cpu")] == plans[("auto", "none", "cpu")] == "fp32-lora"  # the default
+    assert plans[("bf16", "auto", "cpu")] == plans[("bf16", "none", "cuda")] == "bf16-lora"
+    assert plans[("auto", "none", "cuda")] == "bf16-lora" and plans[("fp32", "none", "cuda")] == "fp32-lora"
+    assert {plans[(p, "auto", "cuda")] for p in ("auto", "fp32", "bf16")} == {"qlora-nf4"}
+    assert [tr.autocast_bf16(plan, "cpu") for plan in ("fp32-lora", "bf16-lora", "qlora-nf4")] == [
+        False,
+        True,
+        False,  # 4-bit on CPU computes in fp32
+    ]
+    assert tr.autocast_bf16("qlora-nf4", "cuda")
+    cfg = tr.sft_config(_tp(tmp_path, precision="bf16"), tmp_path / "o", "cpu", 1)
+    assert cfg.bf16 and cfg.use_cpu
+    assert not tr.sft_config(_tp(tmp_path), tmp_path / "o", "cpu", 1).bf16  # never TRL's bf16 default
+
+
 def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
     from peft import get_peft_model
     from trl.trainer.utils import add_fused_lm_head
@@ -327,6 +354,46 @@ def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
         results.append((float(loss), grads))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_bf16_run_trains_in_bf16_and_saves_an_fp32_adapter(reference, tiny_base, batch, tmp_path):
+    out = tmp_path / "adapters" / "b"
+    rec = tr.train_batch(
+        batch, tiny_base, out, _tp(tmp_path, precision="bf16"), _dp(), answer=ANSWER, bp=BP
+    ).record
+    assert rec["precision"] == "bf16-lora" and rec["health"] == "ok" and rec["steps"] == 4
+    assert rec["detector_checks"] == 4 and math.isfinite(rec["train_loss_end"])
+    weights = load_file(out / "adapter_model.safetensors")
+    assert weights and {w.dtype for w in weights.values()} == {torch.float32}  # peft keeps LoRA weights fp32
+    assert (
+        rec["adapter_sha256"] != reference[1].record["adapter_sha256"]
+    )  # not the fp32 run under another name
+
+
+def test_bf16_training_forwards_skip_the_lossless_input_casts(tiny_base):
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = tr.load_train_model(tiny_base, "bf16-lora", "cpu")
+    model = get_peft_model(model, tr.lora_config(_tp(Path("."))))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # a trained adapter: the LoRA branch contributes
+    ids = torch.arange(100, 164)[None].repeat(2, 1)
+    labels = ids.clone()
+    labels[:, :40] = -100
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    results = []
+    for bf16 in (False, True):
+        model.zero_grad()
+        with tr.training_forwards(model, bf16=bf16), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert {m.cast_input_dtype_enabled for m in layers} == {not bf16}
+            loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        results.append((float(loss), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    assert all(m.cast_input_dtype_enabled for m in layers)  # restored
+    assert results[0][0] == results[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
 
 
 # --- the TBDL detector on a base that already knows the task --------------------------------
