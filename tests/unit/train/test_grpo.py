@@ -9,8 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import GRPO_ADMIT as ADMIT
 from conftest import write_tiny_admitted
+from safetensors.torch import load_file
 
 from clap import io, params
 from clap.errors import ClapError
@@ -128,6 +130,22 @@ def test_calm_run_finishes_with_record_and_curves(batch, tiny_base, tmp_path, ro
         and len(lines) == 3
         and all(lines[i].split(",")[1] != "" for i in (1, 2))
     )  # KL logged every step
+
+
+def test_probe_follows_train_precision(batch, tiny_base, tmp_path):
+    data, admit = batch
+    tp = dataclasses.replace(TP, precision="bf16")
+    rec = run_probe(
+        data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "grpo", tiny_params(lr=1e-6), SP, tp
+    ).record
+    assert (rec["precision"], rec["health"], rec["steps"]) == ("bf16-lora", "ok", 2)
+    assert {w.dtype for w in load_file(tmp_path / "grpo" / "adapter_model.safetensors").values()} == {
+        torch.float32
+    }
+    fp32 = run_probe(
+        data, admit, tiny_base, tmp_path / "no-sft", tmp_path / "g32", tiny_params(lr=1e-6), SP, TP
+    )
+    assert fp32.record["precision"] == "fp32-lora"
 
 
 def test_enable_switch_and_admission_are_respected(batch, tiny_base, tmp_path):
