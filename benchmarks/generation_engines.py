@@ -3,7 +3,9 @@ and OpenVINO GenAI's own loop on the same OpenVINO graph, same prompts, one proc
 
 Prompts: the first ``--items`` eval questions of a raw demo batch with their retrieved documents
 (``eval_speed.raw_chats``), greedy, ``chain.max_new_tokens``, ``eval.batch_size`` rows at a time.
-Modes: ``batch`` (all prompts in one call), ``latency`` (``--latency-items`` prompts one call each,
+Modes: ``batch`` (all prompts in one call), ``fixed`` (the same, but every answer runs to
+``max_new_tokens`` past its end of sequence: equal work for every engine, whatever it answers; GenAI's
+``ignore_eos``, clap with no stop ids), ``latency`` (``--latency-items`` prompts one call each,
 p50) and, for clap's engines, ``constrained`` (the eval stage's mode: each answer decoded inside its
 request's schema). Runs alternate between engines in each repeat (machines here drift by 10-15 %);
 the results are medians with the ratio to clap-on-torch, and how many answers equal clap-on-torch's
@@ -22,6 +24,7 @@ GenAI run gets a fresh pipeline, so its prefix cache holds nothing from an earli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import shutil
@@ -40,12 +43,24 @@ from machine import machine  # noqa: E402
 from clap.chain.grounding import Constrainer, answer_space  # noqa: E402
 from clap.data.normalize import normalize_params  # noqa: E402
 from clap.judge.evaluation import eval_params  # noqa: E402
+from clap.model import generate as clap_generate  # noqa: E402
 from clap.model.base import load_model, load_tokenizer  # noqa: E402
 from clap.model.engine import OpenVINOModel, llama_graph  # noqa: E402
 from clap.model.generate import generate_batched  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def no_stops():
+    """clap's decoding with no end-of-sequence ids: every row runs to ``max_new_tokens`` (mode ``fixed``)."""
+    original = clap_generate.stop_ids
+    clap_generate.stop_ids = lambda model, tokenizer: []
+    try:
+        yield
+    finally:
+        clap_generate.stop_ids = original
 
 
 def _genai(model, tok, base: Path, precision: str, threads: int, folder: Path):
@@ -71,11 +86,14 @@ def _genai(model, tok, base: Path, precision: str, threads: int, folder: Path):
     )
 
 
-def _genai_run(pipe, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+def _genai_run(
+    pipe, prompts: list[str], max_new_tokens: int, batch_size: int, ignore_eos: bool = False
+) -> list[str]:
     import openvino_genai
 
     cfg = openvino_genai.GenerationConfig()
     cfg.max_new_tokens, cfg.do_sample, cfg.apply_chat_template = max_new_tokens, False, False
+    cfg.ignore_eos = ignore_eos
     texts = []
     for lo in range(0, len(prompts), batch_size):
         texts.extend(pipe.generate(prompts[lo : lo + batch_size], cfg).texts)
@@ -126,22 +144,32 @@ def main(argv=None) -> dict:
         t = time.perf_counter()
         if name.startswith("genai"):
             texts = _genai_run(
-                engine, prompts[:items], ep.max_new_tokens, ep.batch_size if mode == "batch" else 1
+                engine,
+                prompts[:items],
+                ep.max_new_tokens,
+                1 if mode == "latency" else ep.batch_size,
+                ignore_eos=mode == "fixed",
             )
             return time.perf_counter() - t, texts, None
         constraint = constrainer(chat_docs[:items]) if mode == "constrained" else None
-        gens = generate_batched(
-            engine,
-            tok,
-            sub,
-            batch_size=ep.batch_size if mode != "latency" else 1,
-            max_new_tokens=ep.max_new_tokens,
-            desc=None,
-            constraint=constraint,
-        )
+        with no_stops() if mode == "fixed" else contextlib.nullcontext():
+            gens = generate_batched(
+                engine,
+                tok,
+                sub,
+                batch_size=ep.batch_size if mode != "latency" else 1,
+                max_new_tokens=ep.max_new_tokens,
+                desc=None,
+                constraint=constraint,
+            )
         return time.perf_counter() - t, [g.text for g in gens], [g.token_ids for g in gens]
 
-    modes = {"batch": args.items, "latency": args.latency_items, "constrained": args.items}
+    modes = {
+        "batch": args.items,
+        "fixed": args.items,
+        "latency": args.latency_items,
+        "constrained": args.items,
+    }
     walls: dict[tuple[str, str], list[float]] = {}
     answers: dict[tuple[str, str], tuple] = {}
 
