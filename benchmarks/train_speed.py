@@ -217,6 +217,10 @@ def main() -> None:
             )
     # each variant's run of median throughput, with every run's throughput beside it
     peaks = {prec: matmul_peak(a.threads, dtype=prec) for prec in precisions}
+
+    def key(path: str, prec: str) -> str:  # the result's name: the path alone for one precision
+        return path if len(precisions) == 1 else f"{path}-{prec}"
+
     results = {}
     for (path, prec), rs in runs.items():
         r = {
@@ -228,10 +232,10 @@ def main() -> None:
         r["fraction_of_matmul_peak_6N"] = r["flops_per_s_6N"] / peaks[prec]
         r["flops_per_s_executed"] = r["executed_flops_per_token"] * r["tokens_per_s"]
         r["fraction_of_matmul_peak_executed"] = r["flops_per_s_executed"] / peaks[prec]
-        results[path if len(precisions) == 1 else f"{path}-{prec}"] = r
+        results[key(path, prec)] = r
 
     def rate(path: str, prec: str) -> float:
-        return results[path if len(precisions) == 1 else f"{path}-{prec}"]["tokens_per_s"]
+        return results[key(path, prec)]["tokens_per_s"]
 
     speedups = {prec: rate("clap", prec) / rate("plain", prec) for prec in precisions}
     report = {
