@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clap.errors import ClapError
+from clap.stage import reuse_freed_memory
 
 
 def _demo_data_args(p: argparse.ArgumentParser) -> None:
@@ -384,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``clap`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    reuse_freed_memory()
     try:
         return args.run(args)
     except ClapError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -354,6 +355,55 @@ def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
         results.append((float(loss), grads))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0][1], results[1][1]))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_fused_lora_update_gives_the_same_loss_and_gradients(tiny_base, dropout):
+    from peft import get_peft_model
+    from peft.tuners.lora.layer import Linear
+
+    model = get_peft_model(
+        mdl.load_model(tiny_base), tr.lora_config(_tp(Path("."), lora_dropout=dropout, lora_alpha=24))
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # a trained adapter: the LoRA branch contributes
+    ids = torch.arange(100, 164)[None].repeat(2, 1)
+    original, results = Linear.forward, []
+    for fused in (False, True):
+        model.zero_grad()
+        torch.manual_seed(0)  # the same dropout masks both ways
+        with tr.fused_lora_update() if fused else contextlib.nullcontext():
+            assert (Linear.forward is not original) == fused
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((float(loss), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    assert Linear.forward is original  # restored
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(results[0][1], results[1][1]))
+    assert worst < 1e-5, worst
+
+
+def test_fused_lora_update_leaves_a_switched_off_adapter_and_autocast_to_peft(tiny_base):
+    from peft import get_peft_model
+
+    model = get_peft_model(mdl.load_model(tiny_base), tr.lora_config(_tp(Path("."))))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    ids = torch.arange(100, 132)[None]
+    with torch.no_grad():
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+        adapted = model(input_ids=ids).logits
+        with tr.fused_lora_update():
+            with model.disable_adapter():
+                assert torch.equal(model(input_ids=ids).logits, base)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                auto = model(input_ids=ids).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(auto, model(input_ids=ids).logits)  # peft's own forward under autocast
+    assert not torch.equal(adapted, base)  # the adapter contributes
 
 
 def test_bf16_run_trains_in_bf16_and_saves_an_fp32_adapter(reference, tiny_base, batch, tmp_path):
