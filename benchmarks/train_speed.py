@@ -6,6 +6,7 @@ clap.task.prompt, completion-only loss) on models/base with the LoRA config of p
 - ``clap``:  params ``train`` as the stage runs it (batch size, packing and length grouping as
   params say; ``clap.train.sft.training_forwards``: the LM head applied to loss positions only and
   the rows' shared prompt prefix computed once per forward);
+  the allocator setting every stage starts with (``clap.stage.reuse_freed_memory``);
 - ``plain``: ``SFTConfig`` defaults for collation (no packing, pad to the longest in a
   batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed.
 
@@ -121,6 +122,10 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int, pr
         training_forwards,
     )
 
+    if path == "clap":  # as every stage starts (clap.stage.main); plain TRL keeps glibc's default
+        from clap.stage import reuse_freed_memory
+
+        reuse_freed_memory()
     tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads, precision=precision)
     torch.set_num_threads(threads)
     torch.manual_seed(tp.seed)
