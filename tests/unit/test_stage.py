@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +28,7 @@ print(took, faults() - start)
 
 
 def _faults(setting: str) -> tuple[str, int]:
-    root = str(stage.__file__).rsplit("/clap/", 1)[0]
+    root = str(Path(stage.__file__).resolve().parents[1])
     out = subprocess.run(
         [sys.executable, "-c", PROBE.format(root=root), setting], capture_output=True, text=True, check=True
     )
