@@ -6,7 +6,10 @@ admitted batch and reports the training record's ``detector_seconds`` / ``train_
 The base side (``Diagnosis.on_train_begin``: the probe items' reference losses, scored once before
 training; before the paired detector also a pilot draw of training items) is timed apart from the
 checks (each check's probe draw, and since the paired detector its training batch under the start
-model). The entries dated 2026-12-03 measure the paired detector (before and after its cached prompt prefix); the older ones predate it. ``--code`` imports clap from another checkout (a worktree of main, say), so one
+model); the checks are split into their two halves (the step's training batch under the start model,
+the probe draw at the current parameters), and ``share_floor_probe_now_only`` is the share the detector
+would have if every start-model score were free. The process starts with the stages' allocator setting.
+The entries dated 2026-12-03 measure the paired detector (before and after its cached prompt prefix); the older ones predate it. ``--code`` imports clap from another checkout (a worktree of main, say), so one
 script measures before and after; each result goes under ``--label`` in ``--out``.
 
     nice -n 10 .venv/bin/python benchmarks/detector_cost.py --data data/admitted/2026-01 \
@@ -40,6 +43,19 @@ def commit(code: Path) -> str:
     return (head.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
 
 
+def _timed(method, times: list[float]):
+    """``method`` that appends its wall seconds to ``times`` on every call."""
+
+    def wrapper(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - start)
+
+    return wrapper
+
+
 def run(data: Path, base: Path, params_file: Path, max_steps: int | None) -> dict:
     """One training run of ``data``; the record's timing fields and the base side's seconds."""
     from clap import determinism, params
@@ -61,6 +77,11 @@ def run(data: Path, base: Path, params_file: Path, max_steps: int | None) -> dic
         return out
 
     diagnosis.Diagnosis.on_train_begin = timed
+    # the checks' two halves: the step's training batch under the start model (see_batch) and the
+    # fresh probe draw at the current parameters (_draw_probe)
+    halves = {"see_batch": [], "_draw_probe": []}
+    for name, times in halves.items():
+        setattr(diagnosis.Diagnosis, name, _timed(getattr(diagnosis.Diagnosis, name), times))
     with tempfile.TemporaryDirectory() as tmp:  # fresh checkpoints: never a resume
         tp = dataclasses.replace(tp, checkpoint_root=str(Path(tmp) / "checkpoints"))
         if max_steps:
@@ -82,6 +103,13 @@ def run(data: Path, base: Path, params_file: Path, max_steps: int | None) -> dic
     out["detector_alarm_step"] = rec["detector_alarm_step"]
     out["base_side_seconds"] = round(sum(base_side), 3)
     out["checks_seconds"] = round(rec["detector_seconds"] - sum(base_side), 3)
+    out["checks_train_reference_seconds"] = round(sum(halves["see_batch"]), 3)
+    out["checks_probe_now_seconds"] = round(sum(halves["_draw_probe"]), 3)
+    # the share the detector would have if every start-model score were free: the probe draws at the
+    # current parameters over the training steps without any detector work (the floor of a check per step)
+    steps_s = rec["train_runtime_s"] - rec["detector_seconds"]
+    probe_now = sum(halves["_draw_probe"])
+    out["share_floor_probe_now_only"] = round(probe_now / (steps_s + probe_now), 4)
     out["detector_share_of_train_runtime"] = round(rec["detector_seconds"] / rec["train_runtime_s"], 4)
     out["process_wall_s"] = round(wall, 3)
     # what the detector decided with, per check: compare runs of two checkouts (float tolerance)
@@ -112,7 +140,9 @@ def main() -> None:
     from machine import machine  # benchmarks/machine.py, beside this script
 
     import clap
+    from clap.stage import reuse_freed_memory
 
+    reuse_freed_memory()  # as the train stage does
     result = {
         **run(a.data.resolve(), a.base.resolve(), a.params.resolve(), a.max_steps),
         "code": commit(a.code),

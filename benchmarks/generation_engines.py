@@ -47,6 +47,7 @@ from clap.model import generate as clap_generate  # noqa: E402
 from clap.model.base import load_model, load_tokenizer  # noqa: E402
 from clap.model.engine import OpenVINOModel, llama_graph  # noqa: E402
 from clap.model.generate import generate_batched  # noqa: E402
+from clap.stage import reuse_freed_memory  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    # the stages' allocator setting (every engine runs in this one process, so all of them get it)
+    allocator = "reuse_freed_memory" if reuse_freed_memory() else "glibc default"
     torch.set_num_threads(args.threads)
     ep = eval_params(ROOT / "params.yaml")
     chats = raw_chats(ROOT / "data" / "raw" / args.batch, args.items)
@@ -194,6 +197,7 @@ def main(argv=None) -> dict:
         "benchmark": "generation_engines",
         "machine": machine(),
         "threads": args.threads,
+        "allocator": allocator,
         "model": "models/base" + (f" + {args.adapter}" if args.adapter else ""),
         "batch": args.batch,
         "items": args.items,
