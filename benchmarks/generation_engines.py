@@ -45,7 +45,7 @@ from clap.data.normalize import normalize_params  # noqa: E402
 from clap.judge.evaluation import eval_params  # noqa: E402
 from clap.model import generate as clap_generate  # noqa: E402
 from clap.model.base import load_model, load_tokenizer  # noqa: E402
-from clap.model.engine import OpenVINOModel, llama_graph  # noqa: E402
+from clap.model.engine import PRECISIONS, OpenVINOModel, llama_graph  # noqa: E402
 from clap.model.generate import generate_batched  # noqa: E402
 from clap.stage import reuse_freed_memory  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
@@ -65,15 +65,19 @@ def no_stops():
 
 
 def _genai(model, tok, base: Path, precision: str, threads: int, folder: Path):
-    """An OpenVINO GenAI pipeline over clap's graph of ``model`` (None when GenAI is not installed)."""
+    """An OpenVINO GenAI pipeline over clap's graph of ``model`` at ``precision`` (None when GenAI is not
+    installed); the graph (f32 or int8 weights) is saved once under ``folder``."""
     try:
         import openvino as ov
         import openvino_genai
         from openvino_tokenizers import convert_tokenizer
     except ImportError:
         return None
+    weights = "int8" if precision == "int8" else "f32"
+    folder = folder / weights
     if not (folder / "openvino_model.xml").exists():
-        ov.save_model(llama_graph(model), folder / "openvino_model.xml", compress_to_fp16=False)
+        folder.mkdir(parents=True)
+        ov.save_model(llama_graph(model, weights), folder / "openvino_model.xml", compress_to_fp16=False)
         for name, m in zip(("tokenizer", "detokenizer"), convert_tokenizer(tok, with_detokenizer=True)):
             ov.save_model(m, folder / f"openvino_{name}.xml")
         for f in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"):
@@ -81,8 +85,8 @@ def _genai(model, tok, base: Path, precision: str, threads: int, folder: Path):
     return openvino_genai.LLMPipeline(
         str(folder),
         "CPU",
-        INFERENCE_PRECISION_HINT=precision,
-        KV_CACHE_PRECISION="f32",  # as clap.model.engine.OpenVINOModel
+        INFERENCE_PRECISION_HINT="f32" if precision == "int8" else precision,  # as OpenVINOModel
+        KV_CACHE_PRECISION="f32",
         INFERENCE_NUM_THREADS=threads,
     )
 
@@ -121,12 +125,12 @@ def main(argv=None) -> dict:
     torch_model = load_model(args.base, args.adapter)
     start = time.perf_counter()
     engines = {"clap-torch": torch_model}
-    for precision in ("f32", "bf16"):
+    for precision in PRECISIONS:
         engines[f"clap-openvino-{precision}"] = OpenVINOModel(torch_model, precision, args.threads)
-    build_s = (time.perf_counter() - start) / 2
+    build_s = (time.perf_counter() - start) / len(PRECISIONS)
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     tmp = Path(tempfile.mkdtemp(prefix="genai-"))
-    for precision in ("f32", "bf16"):
+    for precision in PRECISIONS:
         if _genai(torch_model, tok, args.base, precision, args.threads, tmp) is not None:
             # a fresh pipeline for every run (built outside the timing): GenAI caches the keys and values of
             # the prompts it has seen (prefix caching), so a second run over the same prompts skips their

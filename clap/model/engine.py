@@ -13,7 +13,9 @@ The decoding loop, the constraint, the batching and the stop rules stay clap's
 (:func:`clap.model.generate.generate_batched`); an engine only answers "logits at the last position
 of these rows" and "keep these rows". At f32 (keys and values kept at f32 at either precision: the
 plugin's default is u8) answers are token-identical to the torch path on the benchmark prompts, free
-and constrained; ``bf16`` is a param, measured separately, never implied. On a CUDA machine
+and constrained; ``bf16`` (weights and activations) and ``int8`` (int8 weights, one scale per output
+channel; the plugin quantizes activations on the fly) are params, measured separately for speed and
+for decision agreement (docs/precision.md), never implied. On a CUDA machine
 ``openvino`` resolves to ``torch`` (the record says which engine ran).
 
 Measured side by side (``benchmarks/results/generation_engines.json``: Intel Xeon AVX-512, 2 threads,
@@ -36,7 +38,7 @@ from clap.errors import ClapError
 from clap.model.kv import buffered_cache
 
 ENGINES = ("openvino", "torch")
-PRECISIONS = ("f32", "bf16")
+PRECISIONS = ("f32", "bf16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +144,13 @@ def _unsupported(config: Any) -> str | None:
     return next((why for ok, why in checks if not ok), None)
 
 
-def llama_graph(model: Any) -> Any:
+def llama_graph(model: Any, weights: str = "f32") -> Any:
     """The stateful OpenVINO graph of a Llama causal LM (weights as constants).
+
+    ``weights``: ``f32`` as stored, or ``int8``: every projection and the output layer as int8 values
+    with one f32 scale per output channel (symmetric, round to nearest: :func:`int8_weights`), written
+    as int8 constant -> convert -> multiply by the scales, the pattern the CPU plugin keeps compressed
+    in memory and multiplies without expanding. The embedding lookup keeps the f32 table.
 
     Inputs: ``input_ids``, ``attention_mask`` (past + new positions), ``position_ids`` and
     ``beam_idx`` (which rows of the kept keys/values continue, in order: ``[0] * n`` widens a one-row
@@ -174,8 +181,14 @@ def llama_graph(model: Any) -> Any:
     def i64(*x):
         return const(list(x), np.int64)
 
+    def weight(w):  # (out, in)
+        if weights == "f32":
+            return const(w)
+        q, scale = int8_weights(w)
+        return ops.multiply(ops.convert(const(q), ov.Type.f32), const(scale))
+
     def linear(x, name):  # x @ W^T, W (out, in) as stored by torch
-        return ops.matmul(x, const(sd[name + ".weight"]), False, True)
+        return ops.matmul(x, weight(sd[name + ".weight"]), False, True)
 
     def rms_norm(x, name):
         var = ops.reduce_mean(ops.power(x, const(2.0, np.float32)), i64(-1), True)
@@ -257,11 +270,21 @@ def llama_graph(model: Any) -> Any:
         x = ops.add(x, linear(gated, p + "mlp.down_proj"))
     last = ops.gather(rms_norm(x, "model.norm"), const(-1, np.int64), const(1, np.int64))  # B,E
     head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
-    logits = ops.unsqueeze(ops.matmul(last, const(head), False, True), i64(1))  # B,1,V as exporters shape it
+    logits = ops.unsqueeze(ops.matmul(last, weight(head), False, True), i64(1))  # B,1,V as exporters shape it
     logits.output(0).set_names({"logits"})
     return ov.Model(
         [ops.result(logits)], sinks, [input_ids, attention_mask, position_ids, beam_idx], "clap-llama"
     )
+
+
+def int8_weights(w: Any) -> tuple[Any, Any]:
+    """``w`` (out, in) as int8 values and f32 scales (out, 1), ``w ~ q * scale``: symmetric per output
+    channel, the channel's largest magnitude at 127 (an all-zero channel gets the smallest scale)."""
+    import numpy as np
+
+    w = np.asarray(w, dtype=np.float32)
+    scale = np.maximum(np.abs(w).max(axis=1, keepdims=True), np.finfo(np.float32).tiny) / np.float32(127)
+    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
 
 
 class OpenVINOModel:
@@ -273,11 +296,13 @@ class OpenVINOModel:
 
         self.config, self.generation_config, self.device = model.config, model.generation_config, "cpu"
         self.precision = precision
+        int8 = precision == "int8"
         self._compiled = ov.Core().compile_model(
-            llama_graph(model),
+            llama_graph(model, "int8" if int8 else "f32"),
             "CPU",
             {
-                "INFERENCE_PRECISION_HINT": precision,
+                # int8: f32 activations, which the plugin quantizes per group on the fly for its int8 kernels
+                "INFERENCE_PRECISION_HINT": "f32" if int8 else precision,
                 # kept keys/values stay f32 at either precision: the plugin's default is u8 (answers change), and
                 # bf16 ones measured slower here (batch 40 decode step 210 vs 137 ms, Intel Xeon AVX512-BF16)
                 "KV_CACHE_PRECISION": "f32",
