@@ -192,6 +192,7 @@ def test_int8_keeps_the_weights_int8_and_stays_near_the_dequantized_model(pair):
     model), not equal to them; a different precision, generated from like the others."""
     model, _, tok = pair
     int8 = OpenVINOModel(model, "int8", 1)
+    assert int8._compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == 32
     runtime = int8._compiled.get_runtime_model()
     products = [
         op for op in runtime.get_ops() if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"
