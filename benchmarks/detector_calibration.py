@@ -47,7 +47,11 @@ from clap import params as cparams  # noqa: E402
 RUNS = ROOT / "benchmarks/results/detector_runs"
 OUT = ROOT / "benchmarks/results/detector_calibration"
 FAULTS = ("clean", "relabel", "dirty_values", "as_is")
-SETS = ("calibration", "validation", "validation2")  # validation2: faulted runs made after round 2 was fixed
+# validation2: faulted runs made after round 2 was fixed; pool: runs whose probe admission drew from the training
+# pool (issue 38), under round 2's constants as pre-registered before any of them was made
+SETS = ("calibration", "validation", "validation2", "pool")
+POOL_RUNS = ROOT / "benchmarks/results/detector_pool_runs"
+POOL_OUT = ROOT / "benchmarks/results/detector_pool"
 # the targets are about severe faults: relabel, and as_is on a corrupted batch (the demo's wrong column 2026-03);
 # corrupted batches whose fault is subtle: TAT-QA's wrong-cell copy (51 of 324 training answers another verbatim fact)
 SUBTLE_BATCHES = ("reports-b-wrongcell",)
@@ -108,6 +112,7 @@ def train_run(spec: Spec, admitted: Path, base: Path, params: Path, work: Path, 
     if threads:
         tp = dataclasses.replace(tp, torch_threads=threads)
     dp = dataclasses.replace(cparams.section("detector", DetectorParams, params), stop_on_alarm=False)
+    probe_split = sorted(set(io.read_parquet(data / "probe.parquet")["split"]))
     t0 = time.perf_counter()
     res = train_batch(data, base, work / "adapter", tp, dp, answer=answer, bp=budget_params(params))
     rec = res.record
@@ -116,6 +121,9 @@ def train_run(spec: Spec, admitted: Path, base: Path, params: Path, work: Path, 
         "spec": dataclasses.asdict(spec),
         "profile": profile_of(params),
         "machine": machine(),
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "probe_declared_split": probe_split,
         "torch_threads": tp.torch_threads,
         "wall_s": round(time.perf_counter() - t0, 1),
         "record": {
@@ -136,6 +144,13 @@ def train_run(spec: Spec, admitted: Path, base: Path, params: Path, work: Path, 
         },
         "checks": checks,
     }
+
+
+def _commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -446,6 +461,167 @@ def render(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _kind(r: dict) -> str:
+    return {"severe": "severe fault", "subtle": "subtle fault"}.get(severity(r["fault"], r["batch"]), "clean")
+
+
+def pool_summary(rows: list[dict], alpha: float) -> list[dict]:
+    """Per profile, batch and kind: runs, alarms (rate, Clopper-Pearson 95 % interval), median alarm
+    fraction, and the mean gap over the runs (a clean batch's: its partition's offset)."""
+    out = []
+    for key in sorted({(r["profile"], r["batch"], r["fault"]) for r in rows}):
+        sel = [r for r in rows if (r["profile"], r["batch"], r["fault"]) == key]
+        hit = [r for r in sel if r["alarm_step"] > 0]
+        lo, hi = clopper_pearson(len(hit), len(sel))
+        frac = [r["alarm_fraction"] for r in hit]
+        out.append(
+            {
+                "profile": key[0],
+                "batch": key[1],
+                "fault": key[2],
+                "kind": _kind(sel[0]),
+                "runs": len(sel),
+                "alarms": len(hit),
+                "alarm_rate": len(hit) / len(sel),
+                "alarm_rate_ci95": [lo, hi],
+                "median_alarm_fraction": statistics.median(frac) if frac else None,
+                "mean_gap": statistics.fmean(r["mean_gap"] for r in sel),
+                "alpha": alpha,
+            }
+        )
+    return out
+
+
+def cmd_pool_report(args: argparse.Namespace) -> int:
+    """The runs whose probe admission drew from the training pool, replayed under params ``detector``,
+    beside the clean offsets of the construction it replaced (the runs in ``--before``)."""
+    from clap.train.detector import DetectorParams
+
+    dp = cparams.section("detector", DetectorParams, args.params)
+    runs = [io.read_json(p) for p in sorted(args.runs.glob("*.json"))]
+    if not runs:
+        raise SystemExit(f"no runs in {args.runs}")
+    rows = [
+        {**replay_run(r, dp), "commit": r.get("commit"), "probe": r.get("probe_declared_split")} for r in runs
+    ]
+    before = [replay_run(io.read_json(p), dp) for p in sorted(args.before.glob("*.json"))]
+    offsets_before = {}
+    for r in before:
+        if r["fault"] == "clean":
+            offsets_before.setdefault((r["profile"], r["batch"]), []).append(r["mean_gap"])
+    per_kind = {}
+    for r in rows:
+        per_kind.setdefault((r["profile"], _kind(r)), []).append(r)
+    kinds = []
+    for (profile, kind), sel in sorted(per_kind.items()):
+        hit = [r for r in sel if r["alarm_step"] > 0]
+        lo, hi = clopper_pearson(len(hit), len(sel))
+        frac = [r["alarm_fraction"] for r in hit]
+        kinds.append(
+            {
+                "profile": profile,
+                "kind": kind,
+                "runs": len(sel),
+                "alarms": len(hit),
+                "alarm_rate_ci95": [lo, hi],
+                "median_alarm_fraction": statistics.median(frac) if frac else None,
+            }
+        )
+    shares = [r["record"]["detector_seconds"] / max(r["record"]["train_runtime_s"], 1e-9) for r in runs]
+    result = {
+        "about": "benchmarks/detector_calibration.py pool-report: runs with the probe from the training pool",
+        "command": "python benchmarks/detector_calibration.py --runs benchmarks/results/detector_pool_runs "
+        "pool-report",
+        "commits": sorted({r["commit"] or "unknown" for r in rows}),
+        "dates": sorted({r.get("date", "unknown") for r in runs}),
+        "machines": sorted({r["machine"].split(", load")[0] for r in runs}),
+        "detector": dataclasses.asdict(dp),
+        "probe_declared_splits": sorted({s for r in rows for s in (r["probe"] or ["unrecorded"])}),
+        "detector_share_of_train_runtime_median": statistics.median(shares),
+        "by_kind": kinds,
+        "by_batch": pool_summary(rows, dp.alpha),
+        "clean_offset_before": {
+            f"{p}/{b}": statistics.fmean(v) for (p, b), v in sorted(offsets_before.items())
+        },
+        "runs": rows,
+    }
+    io.write_json(args.out.with_suffix(".json"), result)
+    args.out.with_suffix(".md").write_text(render_pool(result))
+    print(render_pool(result))
+    return 0
+
+
+def render_pool(result: dict) -> str:
+    d = result["detector"]
+    lines = [
+        "# The TBDL detector with the probe drawn from the training pool (issue 38)",
+        "",
+        f"Written by `{result['command']}` (commit {', '.join(result['commits'])}; {', '.join(result['dates'])}; "
+        f"{', '.join(result['machines'])}; runs two at a time, one torch thread each). Every run trains the "
+        "real base exactly as the train stage does with `stop_on_alarm` off, on a batch admitted by the code "
+        "of that commit: the probe is a random part of the training pool (declared split of every probe item: "
+        f"{', '.join(result['probe_declared_splits'])}). Constants: params `detector` ({d['process']}, clip "
+        f"{d['clip']}, null_gap {d['null_gap']}, lambdas {d['lambdas']}, weights {d['weights']}, alpha "
+        f"{d['alpha']}), pre-registered in round 2 before any of these runs "
+        "([detector_calibration.md](detector_calibration.md)); none was tuned on them.",
+        "",
+        "## Per profile",
+        "",
+        "| profile | kind | runs | alarms | rate 95 % interval | median alarm at (share of steps) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in result["by_kind"]:
+        lo, hi = k["alarm_rate_ci95"]
+        lines.append(
+            f"| {k['profile']} | {k['kind']} | {k['runs']} | {k['alarms']} | {lo:.3f}–{hi:.3f} | "
+            f"{_f(k['median_alarm_fraction'])} |"
+        )
+    lines += [
+        "",
+        "## Per batch (worst first: clean by alarm rate and offset, faults by misses)",
+        "",
+        "A clean batch's mean gap is its training/probe partition's offset (before: the same batch's clean "
+        "runs with the probe from the declared eval split, detector_calibration.md).",
+        "",
+        "| profile | batch | fault | runs | alarms | rate (95 % upper bound) | median alarm at | mean gap (nats) "
+        "| before |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def worst(s: dict) -> tuple:
+        clean = s["fault"] == "clean"
+        return (not clean, -s["alarm_rate"] if clean else s["alarm_rate"], -abs(s["mean_gap"]))
+
+    for s in sorted(result["by_batch"], key=worst):
+        before = (
+            result["clean_offset_before"].get(f"{s['profile']}/{s['batch']}")
+            if s["fault"] == "clean"
+            else None
+        )
+        lines.append(
+            f"| {s['profile']} | {s['batch']} | {s['fault']} | {s['runs']} | {s['alarms']} | "
+            f"{s['alarm_rate']:.3f} ({s['alarm_rate_ci95'][1]:.3f}) | {_f(s['median_alarm_fraction'])} | "
+            f"{s['mean_gap']:+.3f} | {_f(before, '+.3f')} |"
+        )
+    lines += [
+        "",
+        f"Detector time as a share of training runtime, median over runs: "
+        f"{result['detector_share_of_train_runtime_median']:.2f}.",
+        "",
+        "## Every run",
+        "",
+        "| run | checks / steps | alarm step | max log E | mean gap (nats) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        step = r["alarm_step"] if r["alarm_step"] > 0 else "—"
+        lines.append(
+            f"| {r['name']} | {r['checks']} / {r['planned_steps']} | {step} | {r['max_log_e']:.2f} | "
+            f"{r['mean_gap']:+.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
@@ -461,8 +637,11 @@ def main() -> int:
     rep = sub.add_parser("report")
     rep.add_argument("--out", type=Path, default=OUT, help="writes <out>.md and <out>.json")
     rep.add_argument("--seed", type=int, default=20261202, help="seed of the longer-run simulation")
+    pool = sub.add_parser("pool-report", help="the runs with the probe from the training pool (issue 38)")
+    pool.add_argument("--out", type=Path, default=POOL_OUT, help="writes <out>.md and <out>.json")
+    pool.add_argument("--before", type=Path, default=RUNS, help="runs of the construction it replaced")
     args = ap.parse_args()
-    return cmd_run(args) if args.cmd == "run" else cmd_report(args)
+    return {"run": cmd_run, "report": cmd_report, "pool-report": cmd_pool_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -104,16 +104,26 @@ def select(pool: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame
 
 
 def select_splits(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, seed: int) -> dict[str, pd.DataFrame]:
-    """The admitted splits: sft, grpo, eval, probe (held-out items after the eval ones, never in training), replay."""
+    """The admitted splits: seeded draws of sft, grpo, eval and replay from their declared pools, and the
+    TBDL detector's probe from the *training* pool.
+
+    The probe continues the seeded permutation whose first ``sizes.sft`` items are D_sft, skipping any
+    item whose ID or input hash is in another admitted split (only D_grpo, unless the pools overlap,
+    which admission blocks): D_sft and the probe are one random partition of
+    the same admitted pool, whatever split the source declares (its train items may differ in date,
+    document or phrasing from its eval items), so on a clean batch an unseen training item and an unseen
+    probe item have the same expected improvement, the exchangeability the detector's false-alarm bound
+    rests on (docs/detector.md). The probe is never trained on and is disjoint from eval and replay.
+    """
     rng = {k: np.random.default_rng([seed, i]) for k, i in _STREAMS.items()}
-    out = {name: select(pools[name], getattr(sizes, name), rng[name]) for name in ("sft", "grpo", "replay")}
-    held = select(pools["eval"], len(pools["eval"]), rng["eval"])
-    out["eval"] = held.iloc[: sizes.eval].reset_index(drop=True)
-    rest = held.iloc[sizes.eval :]
-    training = pd.concat([pools["sft"], pools["grpo"]])
-    clean = ~rest["item_id"].isin(training["item_id"]) & ~rest["input_hash"].isin(training["input_hash"])
-    out["probe"] = rest[clean].iloc[: sizes.probe].reset_index(drop=True)
-    return out
+    out = {name: select(pools[name], getattr(sizes, name), rng[name]) for name in ("grpo", "eval", "replay")}
+    train_pool = select(pools["sft"], len(pools["sft"]), rng["sft"])
+    out["sft"] = train_pool.iloc[: sizes.sft].reset_index(drop=True)
+    rest = train_pool.iloc[sizes.sft :]
+    used = pd.concat([out[name] for name in ("sft", "grpo", "eval", "replay")])
+    unseen = ~rest["item_id"].isin(used["item_id"]) & ~rest["input_hash"].isin(used["input_hash"])
+    out["probe"] = rest[unseen].iloc[: sizes.probe].reset_index(drop=True)
+    return {name: out[name] for name in ("sft", "grpo", "eval", "probe", "replay")}
 
 
 # --------------------------------------------------------------------------- static checks

@@ -308,6 +308,49 @@ def sft_config(tp: TrainParams, out_dir: Path, device: str, world_size: int):
     )
 
 
+def detector_pairing(tp: TrainParams, dp: DetectorParams, model) -> None:
+    """Refuse a run whose training side and probe side of a detector check would not be alike.
+
+    A check pairs the step's logged training loss with a probe draw scored at the same parameters
+    (docs/detector.md). Settings that break that silently are errors with the detector on:
+    ``length_grouping`` (rows sorted by length are not a random draw of the training items) and
+    any dropout active in training (``lora_dropout``, or a dropout module or ``*dropout`` rate of the
+    model's config): the training loss is then a train-mode loss and the probe's an eval-mode one.
+    """
+    if not dp.enabled:
+        return
+    if tp.length_grouping and not tp.packing:
+        raise ClapError(
+            "train.length_grouping: true sorts training rows by length, so a step's batch is not a random "
+            "draw of the training items, which the TBDL detector's null needs; set it false or "
+            "detector.enabled false",
+            column="train.length_grouping",
+            rule="detector_pairing",
+        )
+    import torch
+
+    rates = {
+        name: float(m.p) for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0
+    }
+    config = getattr(model, "config", None)
+    rates.update(
+        {
+            f"config.{k}": float(v)
+            for k, v in (vars(config).items() if config is not None else ())
+            if "dropout" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        }
+    )
+    if rates:
+        first = ", ".join(f"{k}={v}" for k, v in sorted(rates.items())[:3])
+        raise ClapError(
+            f"dropout is active in training ({len(rates)} places: {first}): the logged training loss "
+            "would be a train-mode loss and the detector's probe an eval-mode one; set train.lora_dropout "
+            "to 0 (and the model's dropout rates) or detector.enabled false",
+            column="train.lora_dropout",
+            rule="detector_pairing",
+        )
+
+
 def lora_config(tp: TrainParams):
     """LoRA on every attention and MLP projection named in params."""
     from peft import LoraConfig
@@ -691,6 +734,7 @@ def _run_trainer(
         peft_config=lora_config(tp) if start_dir is None else None,  # a warm start is already a PeftModel
         callbacks=[diag, *extra_callbacks],
     )
+    detector_pairing(tp, dp, trainer.model)
     quiet_trainer(trainer, TrainProgress(f"train {adapter_dir.name}", ("loss",)))
     masked, total = masked_label_counts(trainer.train_dataset)
     estimate = shared(  # rank 0's estimate decides on every rank: they must stop (or train) together

@@ -66,6 +66,27 @@ def test_profile_params_set_every_knob_of_the_demo():
     assert _knobs(demo) == _knobs(profile)
 
 
+@pytest.mark.parametrize("params_file", [ROOT / "params.yaml", TATQA / "params.yaml"], ids=["demo", "tatqa"])
+def test_every_profile_checks_every_training_step_enough_to_alarm(params_file):
+    """The probe pool follows from the run: one fresh draw per optimizer step, and at least as many checks
+    as the pre-registered constants need to alarm at all, also for a batch admitted with the fewest probe
+    items admission accepts (docs/detector.md, "Sample size")."""
+    import math
+
+    from clap.train import detector as det
+    from clap.train.sft import TrainParams
+
+    sizes = params.section("sizes", SplitSizes, params_file)
+    tp = params.section("train", TrainParams, params_file)
+    dp = params.section("detector", det.DetectorParams, params_file)
+    steps = math.ceil(sizes.sft / (tp.batch_size * tp.grad_accum)) * int(tp.epochs)
+    checks = det.check_steps(steps, sizes.probe, dp.probe_draw)
+    assert checks == list(range(1, steps + 1))
+    assert len(checks) >= det.min_checks_to_alarm(dp)
+    floor = params.section("admit", AdmitParams, params_file).min_sizes.probe  # a batch admitted at the floor
+    assert floor // dp.probe_draw >= det.min_checks_to_alarm(dp)
+
+
 def test_render_check_fails_on_drift(tmp_path):
     sys.path.insert(0, str(ROOT / "profiles"))
     try:

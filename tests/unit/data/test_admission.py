@@ -112,13 +112,51 @@ def test_selection_is_seeded_and_ignores_input_order():
     assert list(a["item_id"]) == list(b["item_id"]) != list(c["item_id"])
 
 
-def test_probe_is_held_out_and_disjoint_from_eval_and_training():
+def test_probe_is_drawn_from_the_training_pool_and_never_trained_on():
+    """The probe comes from the declared train split (the pool D_sft is drawn from), not from eval, and is
+    disjoint from every other admitted split, also when the pools overlap (here: eval items leaked)."""
     pools = make_pools()
-    pools["sft"] = pd.concat([pools["sft"], pools["eval"].iloc[:5]])  # a leak the probe must avoid
+    pools["sft"] = pd.concat([pools["sft"], pools["eval"].iloc[:5]], ignore_index=True)
     out = select_splits(pools, SIZES, seed=3)
     assert len(out["probe"]) == SIZES.probe
-    assert not set(out["probe"]["item_id"]) & (set(out["eval"]["item_id"]) | set(pools["sft"]["item_id"]))
-    assert set(out["probe"]["item_id"]) <= set(pools["eval"]["item_id"])
+    assert set(out["probe"]["split"]) == {"train"}  # the declared split D_sft is drawn from
+    assert set(out["probe"]["item_id"]) <= set(pools["sft"]["item_id"])
+    for other in ("sft", "grpo", "eval", "replay"):
+        assert not set(out["probe"]["item_id"]) & set(out[other]["item_id"])
+        assert not set(out["probe"]["input_hash"]) & set(out[other]["input_hash"])
+
+
+def _position_z(sft_positions: np.ndarray, probe_positions: np.ndarray, pool: int) -> float:
+    """z of the probe's mean pool position minus D_sft's: two disjoint random samples of the positions
+    0..pool-1 differ in mean with variance S^2 (1/n1 + 1/n2), S^2 = pool (pool + 1) / 12."""
+    var = pool * (pool + 1) / 12 * (1 / sft_positions.size + 1 / probe_positions.size)
+    return float((probe_positions.mean() - sft_positions.mean()) / np.sqrt(var))
+
+
+def test_probe_and_training_items_are_one_random_partition_of_the_pool():
+    """Over admission seeds, D_sft and the probe are exchangeable draws of the training pool: every pool item is
+    as likely to be a probe item as any other (chi-square), and the probe's position in the declared order (a
+    date, a report) has the same mean as D_sft's. A probe taken by declared order fails the same test."""
+    from scipy.stats import chisquare
+
+    pools = make_pools(n_train=200)
+    pool = pools["sft"]
+    position = {item: k for k, item in enumerate(pool["item_id"])}
+    seeds = range(400)
+    hits = np.zeros(len(pool))
+    zs = []
+    for seed in seeds:
+        out = select_splits(pools, SIZES, seed=seed)
+        probe = np.array([position[i] for i in out["probe"]["item_id"]])
+        hits[probe] += 1
+        zs.append(_position_z(np.array([position[i] for i in out["sft"]["item_id"]]), probe, len(pool)))
+    # each seed's probe excludes its D_grpo items, also a random draw: every item's share stays equal
+    assert chisquare(hits).pvalue > 1e-3
+    assert abs(np.mean(zs)) * np.sqrt(len(zs)) < 4  # mean position of probe minus sft: no drift
+    by_order = _position_z(np.arange(SIZES.sft), np.arange(SIZES.sft, SIZES.sft + SIZES.probe), len(pool))
+    assert (
+        abs(by_order) * np.sqrt(len(zs)) > 4
+    )  # the test has teeth: taking by declared order (every seed alike) fails
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -185,9 +223,9 @@ def test_dominant_metric_fails_balance():
 
 def test_short_split_warns_but_only_the_minimum_blocks():
     pools = make_pools()
-    res = admit(pools, sizes=dataclasses.replace(SIZES, sft=80))
-    assert res.record["verdict"] is True and failed(res) == {"requested_sft"}
-    assert any(r.startswith("warning: requested_sft") for r in res.record["reasons"])
+    res = admit(pools, sizes=dataclasses.replace(SIZES, replay=20))
+    assert res.record["verdict"] is True and failed(res) == {"requested_replay"}
+    assert any(r.startswith("warning: requested_replay") for r in res.record["reasons"])
     pools["replay"] = pools["replay"].iloc[:3]
     res = admit(pools)
     assert res.record["verdict"] is False and {"size_replay", "requested_replay"} <= failed(res)
@@ -197,8 +235,16 @@ def test_empty_eval_pool_is_refused_not_crashed():
     pools = make_pools()
     pools["eval"] = pools["eval"].iloc[:0]
     res = admit(pools)
-    assert res.record["verdict"] is False and {"size_eval", "size_probe"} <= failed(res)
-    assert len(res.frames["eval"]) == 0 and len(res.frames["probe"]) == 0
+    assert res.record["verdict"] is False and "size_eval" in failed(res) and "size_probe" not in failed(res)
+    assert (
+        len(res.frames["eval"]) == 0 and len(res.frames["probe"]) == SIZES.probe
+    )  # the probe is the training pool's
+
+
+def test_a_training_pool_too_small_for_the_probe_blocks():
+    """D_sft is drawn first; the probe gets what the training pool has left, and too little blocks."""
+    res = admit(sizes=dataclasses.replace(SIZES, sft=60))
+    assert res.record["verdict"] is False and "size_probe" in failed(res) and "size_sft" not in failed(res)
 
 
 def test_unverifiable_evidence_blocks():

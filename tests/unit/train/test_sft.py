@@ -757,3 +757,47 @@ def test_warm_start_refuses_what_it_cannot_continue(started, tiny_base, batch, t
             start=ws,
         )
     assert err.value.rule == rule
+
+
+class _Config:
+    def __init__(self, **rates):
+        self.__dict__.update(rates)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, p: float = 0.0, **config):
+        super().__init__()
+        self.lora_dropout = torch.nn.Dropout(p)
+        self.config = _Config(hidden_size=8, use_cache=True, **config)
+
+
+@pytest.mark.parametrize(
+    ("tp_kw", "model", "column"),
+    [
+        ({"length_grouping": True, "packing": False}, _Model(), "train.length_grouping"),
+        ({}, _Model(p=0.1), "train.lora_dropout"),
+        ({}, _Model(attention_dropout=0.1), "train.lora_dropout"),
+    ],
+)
+def test_detector_refuses_train_eval_mode_or_non_random_batches(tmp_path, tp_kw, model, column):
+    """A setting that breaks the pairing of a check's training and probe sides is an error with the
+    detector on, and allowed with it off."""
+    with pytest.raises(ClapError, match="detector") as err:
+        tr.detector_pairing(_tp(tmp_path, **tp_kw), _dp(), model)
+    assert err.value.rule == "detector_pairing" and err.value.column == column
+    tr.detector_pairing(_tp(tmp_path, **tp_kw), _dp(enabled=False), model)
+
+
+def test_detector_pairing_accepts_the_configured_run(tmp_path, tiny_base):
+    """params.yaml's train and detector sections on a LoRA model: no dropout active, random batches."""
+    from peft import get_peft_model
+
+    from clap import params as cparams
+
+    tp = dataclasses.replace(cparams.section("train", tr.TrainParams), checkpoint_root=str(tmp_path))
+    model = get_peft_model(mdl.load_model(tiny_base), tr.lora_config(tp))
+    tr.detector_pairing(tp, cparams.section("detector", DetectorParams), model)
+    with pytest.raises(ClapError, match="dropout"):
+        tr.detector_pairing(tp, cparams.section("detector", DetectorParams),
+                            get_peft_model(mdl.load_model(tiny_base), tr.lora_config(
+                                dataclasses.replace(tp, lora_dropout=0.05))))  # fmt: skip
