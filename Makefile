@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint demo tatqa test test-fast clean-venv
+.PHONY: install install-cuda lint demo tatqa test test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# a CUDA machine: QLoRA nf4 (train.quantization: auto on CUDA) needs bitsandbytes, the `cuda` extra. torch==2.13.0
+# from PyPI is its CUDA build on Linux x86_64 (this project's CPU machines take the CPU wheel from their disk)
+install-cuda: install
+	$(BIN)/pip install -q -e '.[cuda]'
 
 demo: install
 	PATH=$(abspath $(BIN)):$$PATH dvc repro

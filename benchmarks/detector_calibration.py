@@ -21,6 +21,14 @@ arrived); ``seed`` the training seed (LoRA init and data order).
     .venv/bin/python benchmarks/detector_calibration.py --params profiles/tatqa/params.yaml run \\
         --admitted profiles/tatqa/data/admitted validation2:reports-a:relabel:20260331 ...
     .venv/bin/python benchmarks/detector_calibration.py report
+
+Set ``pool`` holds the runs made after admission drew the probe from the training pool (issue 38), kept
+in ``benchmarks/results/detector_pool_runs`` and tabled per batch, worst rows first, by ``pool-report``
+(``as_is`` there is a fault in the whole delivery, so in the probe too)::
+
+    .venv/bin/python benchmarks/detector_calibration.py --runs benchmarks/results/detector_pool_runs run \
+        --admitted /tmp/det/admitted --threads 1 pool:2026-04:clean:20260401 pool:2026-02:relabel:20260401 ...
+    .venv/bin/python benchmarks/detector_calibration.py --runs benchmarks/results/detector_pool_runs pool-report
 """
 
 from __future__ import annotations
@@ -217,6 +225,20 @@ ROUND1 = {
 ROUNDS = (("round 1", "commit 0a3e100", ("validation",)), ("round 2", "params.yaml", ("validation2",)))
 
 
+def alarm_stats(sel: list[dict]) -> dict:
+    """Runs, alarms, alarm rate (Clopper-Pearson 95 % interval) and median alarm fraction of replayed runs."""
+    hit = [r for r in sel if r["alarm_step"] > 0]
+    lo, hi = clopper_pearson(len(hit), len(sel))
+    frac = [r["alarm_fraction"] for r in hit]
+    return {
+        "runs": len(sel),
+        "alarms": len(hit),
+        "alarm_rate": len(hit) / len(sel),
+        "alarm_rate_ci95": [lo, hi],
+        "median_alarm_fraction": statistics.median(frac) if frac else None,
+    }
+
+
 def summarize(rows: list[dict], alpha: float, fault_sets: tuple[str, ...]) -> list[dict]:
     """Per set and kind: runs, alarms (rate, 95 % CI), median alarm fraction."""
     out = []
@@ -238,19 +260,12 @@ def summarize(rows: list[dict], alpha: float, fault_sets: tuple[str, ...]) -> li
             ]
             if not sel:
                 continue
-            hit = [r for r in sel if r["alarm_step"] > 0]
-            lo, hi = clopper_pearson(len(hit), len(sel))
-            frac = [r["alarm_fraction"] for r in hit]
             out.append(
                 {
                     "set": set_name,
                     "profile": profile,
                     "kind": kind,
-                    "runs": len(sel),
-                    "alarms": len(hit),
-                    "alarm_rate": len(hit) / len(sel),
-                    "alarm_rate_ci95": [lo, hi],
-                    "median_alarm_fraction": statistics.median(frac) if frac else None,
+                    **alarm_stats(sel),
                     "batches": sorted({r["batch"] for r in sel}),
                     "alpha": alpha,
                 }
@@ -397,6 +412,10 @@ def render(result: dict) -> str:
         "all made after round 2 was fixed and serve both. Severe faults: `relabel` (answers permuted across rows) "
         "and `as_is` on 2026-03, the demo batch whose answers come from the wrong column.",
         "",
+        "**Superseded construction.** Every run here took the detector's probe from the batch's declared eval "
+        "split, as admission did then; admission now draws it from the training pool (docs/detector.md), and "
+        "the runs of that construction are in [detector_pool.md](detector_pool.md).",
+        "",
     ]
     for rnd in result["rounds"]:
         d = rnd["detector"]
@@ -462,6 +481,10 @@ def render(result: dict) -> str:
 
 
 def _kind(r: dict) -> str:
+    """A fault the batch arrived with (``as_is``) is in its whole training pool, so in the probe too: the
+    detector is not built to see it (docs/detector.md); injected faults corrupt D_sft alone."""
+    if r["fault"] == "as_is":
+        return "delivery-wide fault (probe alike)"
     return {"severe": "severe fault", "subtle": "subtle fault"}.get(severity(r["fault"], r["batch"]), "clean")
 
 
@@ -471,20 +494,13 @@ def pool_summary(rows: list[dict], alpha: float) -> list[dict]:
     out = []
     for key in sorted({(r["profile"], r["batch"], r["fault"]) for r in rows}):
         sel = [r for r in rows if (r["profile"], r["batch"], r["fault"]) == key]
-        hit = [r for r in sel if r["alarm_step"] > 0]
-        lo, hi = clopper_pearson(len(hit), len(sel))
-        frac = [r["alarm_fraction"] for r in hit]
         out.append(
             {
                 "profile": key[0],
                 "batch": key[1],
                 "fault": key[2],
                 "kind": _kind(sel[0]),
-                "runs": len(sel),
-                "alarms": len(hit),
-                "alarm_rate": len(hit) / len(sel),
-                "alarm_rate_ci95": [lo, hi],
-                "median_alarm_fraction": statistics.median(frac) if frac else None,
+                **alarm_stats(sel),
                 "mean_gap": statistics.fmean(r["mean_gap"] for r in sel),
                 "alpha": alpha,
             }
@@ -512,21 +528,7 @@ def cmd_pool_report(args: argparse.Namespace) -> int:
     per_kind = {}
     for r in rows:
         per_kind.setdefault((r["profile"], _kind(r)), []).append(r)
-    kinds = []
-    for (profile, kind), sel in sorted(per_kind.items()):
-        hit = [r for r in sel if r["alarm_step"] > 0]
-        lo, hi = clopper_pearson(len(hit), len(sel))
-        frac = [r["alarm_fraction"] for r in hit]
-        kinds.append(
-            {
-                "profile": profile,
-                "kind": kind,
-                "runs": len(sel),
-                "alarms": len(hit),
-                "alarm_rate_ci95": [lo, hi],
-                "median_alarm_fraction": statistics.median(frac) if frac else None,
-            }
-        )
+    kinds = [{"profile": p, "kind": k, **alarm_stats(sel)} for (p, k), sel in sorted(per_kind.items())]
     shares = [r["record"]["detector_seconds"] / max(r["record"]["train_runtime_s"], 1e-9) for r in runs]
     result = {
         "about": "benchmarks/detector_calibration.py pool-report: runs with the probe from the training pool",
@@ -583,7 +585,7 @@ def render_pool(result: dict) -> str:
         "A clean batch's mean gap is its training/probe partition's offset (before: the same batch's clean "
         "runs with the probe from the declared eval split, detector_calibration.md).",
         "",
-        "| profile | batch | fault | runs | alarms | rate (95 % upper bound) | median alarm at | mean gap (nats) "
+        "| profile | batch | fault | runs | alarms | rate (upper end of 95 % CI) | median alarm at | mean gap (nats) "
         "| before |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

@@ -193,6 +193,7 @@ def last_complete_checkpoint(ckpt_dir: Path, fp: str, is_main: bool) -> str | No
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+BITSANDBYTES = "bitsandbytes==0.50.2"  # the `cuda` extra of pyproject.toml (a test holds them equal)
 
 
 def precision_plan(tp: TrainParams, device: str) -> str:
@@ -240,7 +241,10 @@ def load_train_model(base_dir: Path, precision: str, device: str):
             import bitsandbytes  # noqa: F401  (optional dependency: CUDA QLoRA)
         except ImportError as e:
             raise ClapError(
-                "QLoRA needs bitsandbytes: pip install bitsandbytes==0.50.2", rule="missing_bitsandbytes"
+                f"QLoRA needs bitsandbytes, the `cuda` extra: make install-cuda (or pip install -e '.[cuda]', "
+                f"which pins {BITSANDBYTES}); train.quantization: none trains LoRA without it",
+                column="train.quantization",
+                rule="missing_bitsandbytes",
             ) from e
         from transformers import BitsAndBytesConfig
 

@@ -52,7 +52,7 @@ NORMALIZE = NormalizeParams(
 )
 ADMIT = AdmitParams(
     seed=7,
-    min_sizes=SplitSizes(sft=20, grpo=6, eval=8, probe=4, replay=4),
+    min_sizes=SplitSizes(sft=16, grpo=6, eval=8, probe=4, replay=4),
     max_key_share={"measure": 0.8},
     min_distinct={"site": 4},
     min_coverage={"measure": 1.0},
@@ -62,7 +62,7 @@ ADMIT = AdmitParams(
     min_reward_variance=0.0,
     min_label_shuffle_changed=0.5,
 )
-SIZES = SplitSizes(sft=24, grpo=8, eval=10, probe=5, replay=5)
+SIZES = SplitSizes(sft=20, grpo=8, eval=10, probe=5, replay=5)  # 28 train items: D_sft, then the probe
 
 
 def write_company(batch: Path) -> int:
@@ -83,7 +83,7 @@ def write_company(batch: Path) -> int:
         ws.append([fid, site, period, label, amount, "TEUR" if i % 7 == 0 else "EUR", None])
         quote = f"{site} booked {label.lower()} of {amount} {'TEUR' if i % 7 == 0 else 'EUR'} in {period}"
         docs.append((f"D-{fid}", fid, site, quote + "."))
-        split = ["train", "train", "train", "eval", "replay"][i % 5] if i < 40 else "eval"
+        split = ["train", "train", "train", "eval", "replay"][i % 5] if i < 40 else ["eval", "train"][i % 2]
         items.append({
             "ref": f"X-{i}", "use": split, "q": {"text": f"{label} of {site} in {period}?"}, "cites": [f"D-{fid}"],
             "a": {"measure": label, "amount": amount, "currency": "TEUR" if i % 7 == 0 else "EUR", "site": site,
@@ -124,7 +124,7 @@ def test_a_third_company_goes_through_assetize_normalize_admit_with_no_code(tmp_
     adm = admit_batch(pools, SIZES, ADMIT, vocab, lambda t, g, c: reward(t, g, c, sp), "third", THIRD_ANSWER)
     assert adm.record["verdict"] is True, adm.record["reasons"]
     assert {n: len(df) for n, df in adm.frames.items() if n != "kb"} == {
-        "sft": 24, "grpo": 8, "eval": 10, "probe": 5, "replay": 5,
+        "sft": 20, "grpo": 8, "eval": 10, "probe": 5, "replay": 5,
     }  # fmt: skip
     for name, df in adm.frames.items():
         validate_frame(admitted_kb(vocab) if name == "kb" else admitted_items(vocab), df, f"{name}.parquet")

@@ -801,3 +801,21 @@ def test_detector_pairing_accepts_the_configured_run(tmp_path, tiny_base):
         tr.detector_pairing(tp, cparams.section("detector", DetectorParams),
                             get_peft_model(mdl.load_model(tiny_base), tr.lora_config(
                                 dataclasses.replace(tp, lora_dropout=0.05))))  # fmt: skip
+
+
+def test_the_cuda_plan_its_install_extra_and_its_refusal_agree(tmp_path, monkeypatch):
+    """On CUDA, quantization auto plans QLoRA nf4; it needs bitsandbytes, which the `cuda` extra pins (and
+    `make install-cuda` installs); without it the run is refused with a message naming that extra and pin."""
+    import sys
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["optional-dependencies"]["cuda"] == [tr.BITSANDBYTES]
+    assert "install-cuda:" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    tp = _tp(tmp_path)
+    assert tr.precision_plan(tp, "cuda") == "qlora-nf4"
+    assert tr.precision_plan(dataclasses.replace(tp, quantization="none"), "cuda") == "bf16-lora"
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # not installed
+    with pytest.raises(ClapError, match=r"make install-cuda") as err:
+        tr.load_train_model(tmp_path, "qlora-nf4", "cuda")
+    assert err.value.rule == "missing_bitsandbytes" and tr.BITSANDBYTES in str(err.value)
