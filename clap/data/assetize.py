@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,7 @@ class AssetizeParams:
     ignore: list[str]  # globs of batch-folder files no source reads (e.g. a generator's manifest)
     max_bad_line_share: float  # a text file with more of its lines undecodable is a file-level error
     max_json_depth: int  # a JSON row nested deeper is a bad_json reject, never parsed (json recursion)
+    max_reject_share: float  # a file rejecting more of its rows (bar `excluded` ones) is a file-level error
 
     def declared(self, answer: AnswerSchema) -> tuple[Source, ...]:
         return parse_sources(self.sources, target_columns(answer))
@@ -658,6 +660,41 @@ def parse_file(src: Source, file: str, data: bytes, p: AssetizeParams, seen: dic
     return result
 
 
+def check_yield(src: Source, res: FileResult, path: Path, max_share: float) -> None:
+    """Refuse a file that lost its source: it yields no asset row, or more than ``max_share`` of the
+    rows it holds were rejected for a problem. Rows the source's own ``only`` filter leaves out
+    (``excluded``) are a declared choice, not a problem, and count on neither side of the share.
+
+    A few bad rows are rejects (kept, with their reason); a file that is mostly rejects is an export
+    that changed shape, or was written in another format than declared (a JSON array on one line where
+    JSON Lines is declared reads as one bad row), and a batch must not run on without it.
+
+    Raises:
+        ClapError: rule ``source_empty`` or ``reject_share``, naming the file and its commonest rules.
+    """
+    rules = Counter(r["rule"] for r in res.rejects)
+    why = ", ".join(f"{rule} x{n}" for rule, n in rules.most_common(3))
+    first = res.rejects[0]["source_line"] if res.rejects else None
+    if not res.rows:  # a file of no rows at all is refused earlier (empty_file, header_only)
+        raise ClapError(
+            f"source {src.name!r} yields no asset from this file: all {res.rows_in} of its rows were "
+            f"rejected ({why})",
+            file=path,
+            row=first,
+            rule="source_empty",
+        )
+    failed = len(res.rejects) - rules["excluded"]
+    considered = res.rows_in - rules["excluded"]
+    if failed > max_share * considered:
+        raise ClapError(
+            f"source {src.name!r} rejects {failed} of the {considered} rows of this file "
+            f"({failed / considered:.0%}, more than assetize.max_reject_share {max_share}): {why}",
+            file=path,
+            row=first,
+            rule="reject_share",
+        )
+
+
 # --- batch -----------------------------------------------------------------------------------------
 
 
@@ -724,9 +761,10 @@ def assetize_batch(raw_dir: Path | str, p: AssetizeParams, answer: AnswerSchema)
     # in file-path order (then declaration order): the assets' row order does not depend on how the
     # declaration happens to be ordered
     pairs = sorted(((f, k) for k, s in enumerate(sources) for f in listed[s.name]))
-    files = [
-        parse_file(sources[k], f, (raw_dir / f).read_bytes(), p, seen[sources[k].name]) for f, k in pairs
-    ]
+    files = []
+    for f, k in pairs:
+        files.append(parse_file(sources[k], f, (raw_dir / f).read_bytes(), p, seen[sources[k].name]))
+        check_yield(sources[k], files[-1], raw_dir / f, p.max_reject_share)
     target = {"records": "records", "documents": "kb", "questions": "items"}
     rows: dict[str, list[dict]] = {"records": [], "kb": [], "items": [], "rejects": []}
     by_name = {s.name: s for s in sources}

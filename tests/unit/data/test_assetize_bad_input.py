@@ -4,6 +4,7 @@ problem is a reject with its rule. (assetize part; normalize/admit add theirs be
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -63,7 +64,11 @@ def raises(tmp_path: Path, rule: str, **files) -> ClapError:
 
 
 def rejects(tmp_path: Path, **files) -> list[dict]:
-    return run(tmp_path, **files).assets["rejects"].to_dict("records")
+    """The rejects of a mini batch whose files hold a row or two. The row-level rule is what is under
+    test, so the file-level yield check (one bad row of two is a 50 % reject share) is off here; it is
+    tested on its own in test_a_file_that_loses_its_source_*."""
+    with mock.patch.object(A, "check_yield", lambda *a: None):
+        return run(tmp_path, **files).assets["rejects"].to_dict("records")
 
 
 def test_the_mini_batch_is_clean(tmp_path):
@@ -245,10 +250,10 @@ def test_wrong_type(tmp_path, stem, text, column):
 
 
 def test_duplicate_id_keeps_the_first(tmp_path):
-    text = GOOD[MES] + "SR-1;14.03.2026;L3;B;Scrap Rate;9,9;%;resent\n"
+    text = GOOD[MES] + "SR-3;14.03.2026;L5;B;OEE;70,1;%;\n" + "SR-1;14.03.2026;L3;B;Scrap Rate;9,9;%;resent\n"
     res = run(tmp_path, mes_shift_reports=text)
     r = res.assets["rejects"].to_dict("records")
-    assert [(x["rule"], x["source_line"], x["record_id"]) for x in r] == [("duplicate_id", 4, "SR-1")]
+    assert [(x["rule"], x["source_line"], x["record_id"]) for x in r] == [("duplicate_id", 5, "SR-1")]
     assert res.assets["records"].set_index("record_id").loc["SR-1", "value"] == 2.4
 
 
@@ -268,3 +273,60 @@ def test_cp1252_file_is_decoded_and_recorded(tmp_path):
     encodings = {f.file: f.encoding for f in res.files}
     assert encodings[CMMS] == "cp1252" and encodings[MES] == "utf-8-sig"
     assert "85 °C" in res.assets["records"].set_index("record_id").loc["WO-1", "text"]
+
+
+# --- a file that loses its source: file-level errors, never a batch that runs on without it --------
+
+
+def test_a_file_that_loses_its_source_json_array_where_jsonl_is_declared(tmp_path):
+    """A knowledge base written as one JSON array on one line, with one malformed record: read as JSON
+    Lines it is one bad row, and the batch would run on with an empty knowledge base."""
+    docs = '[{"doc_id": "KB-1", "system": "qms", "record_ref": "QI-1", "title": "t", "body": "FPY 98.2 %."}, {"doc_id": }]'
+    e = raises(tmp_path, "source_empty", kb_documents=docs + "\n")
+    assert str(e.file).endswith("kb_documents.jsonl") and e.row == 1
+    assert "source 'kb'" in str(e) and "all 1 of its rows were rejected (bad_json x1)" in str(e)
+
+
+def test_a_file_that_loses_its_source_rejects_more_than_the_declared_share(tmp_path):
+    bad = MES_HEAD + "".join(f"SR-{i};14.03.2026;L3;B;OEE;#WERT!;%;\n" for i in range(3))
+    good = "SR-9;14.03.2026;L3;B;OEE;70,1;%;\n"
+    e = raises(tmp_path, "reject_share", mes_shift_reports=bad + good)
+    assert str(e.file).endswith("mes_shift_reports.csv") and e.row == 2
+    assert "rejects 3 of the 4 rows" in str(e) and "wrong_type x3" in str(e)
+    # at the bound it passes: 1 of 4 rejected is 25 %, the demo's declared max_reject_share
+    one_bad = (
+        MES_HEAD
+        + "SR-1;14.03.2026;L3;B;OEE;#WERT!;%;\n"
+        + "".join(f"SR-{i};14.03.2026;L3;B;OEE;70,1;%;\n" for i in range(2, 5))
+    )
+    assert PARAMS.max_reject_share == 0.25
+    assert len(run(tmp_path / "ok", mes_shift_reports=one_bad).assets["rejects"]) == 1
+
+
+def test_rows_the_declaration_excludes_are_not_failures_but_cannot_be_all(tmp_path):
+    qlog = A.AssetizeParams(
+        **{
+            **DECLARED,
+            "sources": {
+                **DECLARED["sources"],
+                "question_log": {
+                    **DECLARED["sources"]["question_log"],
+                    "only": {"question_type": ["direct"]},
+                },
+            },
+        }
+    )
+    lines = GOOD[QLOG].splitlines(keepends=True)
+    other = "".join(line.replace('"direct"', '"comparison"') for line in lines)
+    # two of three rows excluded: a declared choice, not a 67 % reject share
+    res = A.assetize_batch(
+        make_batch(
+            tmp_path / "a", question_log=lines[0] + other.splitlines(True)[1] + other.splitlines(True)[2]
+        ),
+        qlog,
+        ANSWER,
+    )
+    assert res.assets["rejects"]["rule"].tolist() == ["excluded", "excluded"]
+    with pytest.raises(ClapError) as e:
+        A.assetize_batch(make_batch(tmp_path / "b", question_log=other), qlog, ANSWER)
+    assert e.value.rule == "source_empty" and str(e.value.file).endswith("question_log.jsonl")

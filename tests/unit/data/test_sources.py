@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +21,7 @@ from clap.task.answer import load_answer_schema, parse_answer_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 TATQA = ROOT / "profiles" / "tatqa" / "source" / "tatqa_dataset_dev.json"
-LIMITS = {"ignore": [], "max_bad_line_share": 0.5, "max_json_depth": 64}
+LIMITS = {"ignore": [], "max_bad_line_share": 0.5, "max_json_depth": 64, "max_reject_share": 0.5}
 
 # A third company, declared from scratch: an ERP spreadsheet of facts, a parquet document store and a
 # JSON question export nested under "data.items" -- formats, column names and nesting the demo never uses.
@@ -235,7 +236,11 @@ def test_the_same_id_in_two_files_of_one_source_is_a_duplicate(tmp_path):
     (batch / "erp" / "facts-2026q1.xlsx").rename(batch / "erp" / "a.xlsx")
     write_third(tmp_path / "c")
     (tmp_path / "c" / "erp" / "facts-2026q1.xlsx").rename(batch / "erp" / "b.xlsx")
-    res = A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
+    with pytest.raises(ClapError) as e:  # a re-sent copy yields nothing new: the file is refused
+        A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
+    assert e.value.rule == "source_empty" and str(e.value.file).endswith("b.xlsx")
+    with mock.patch.object(A, "check_yield", lambda *a: None):  # the row-level duplicates it holds
+        res = A.assetize_batch(batch, params(THIRD), THIRD_ANSWER)
     dup = res.assets["rejects"].query("rule == 'duplicate_id'").to_dict("records")
     assert [(d["source_file"], d["record_id"]) for d in dup] == [("erp/b.xlsx", "F-1"), ("erp/b.xlsx", "F-2")]
     assert "erp/a.xlsx line 2" in dup[0]["detail"]
