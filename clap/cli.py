@@ -138,6 +138,13 @@ def _release_args(p: argparse.ArgumentParser) -> None:
         help="EC P-256 private key (PEM) that signs the adapter folder in the OpenSSF model-signing format "
         "(`clap signing-keygen`; never commit it)",
     )
+    p.add_argument(
+        "--uncertified",
+        default="",
+        metavar="REASON",
+        help="release a batch decided in an uncertified scenario anyway, for this reason (recorded in "
+        "releases/history.jsonl); without it such a batch is refused",
+    )
 
 
 def _release(args: argparse.Namespace) -> int:
@@ -145,7 +152,14 @@ def _release(args: argparse.Namespace) -> int:
 
     root = Path.cwd()
     token = sys.stdin.read() if args.token == "-" else args.token
-    event = release.release(root, args.batch, token, release.load_params(root), signing_key=args.signing_key)
+    event = release.release(
+        root,
+        args.batch,
+        token,
+        release.load_params(root),
+        signing_key=args.signing_key,
+        uncertified=args.uncertified,
+    )
     if event["event"] == "hold":
         print(
             f"held: {event['reason']} (release.cost.over_budget is hold); production unchanged; commit {event['release_commit'][:12]}"
@@ -227,31 +241,39 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "admitted", type=Path, help="an admitted batch folder, e.g. data/admitted/2026-01 (read only)"
-    )
+def _controls_args(p: argparse.ArgumentParser, name: str) -> None:
+    """The options `clap calibrate` and `clap certify` share (outputs under reports/<name>, metrics/<name>.json)."""
     p.add_argument(
         "--base", type=Path, default=Path("models/base"), help="base model folder (default: models/base)"
     )
     p.add_argument(
         "--report-dir",
         type=Path,
-        default=Path("reports/calibration"),
-        help="table, runs and curves (default: reports/calibration)",
+        default=Path("reports") / name,
+        help=f"table, runs and curves (default: reports/{name})",
     )
     p.add_argument(
         "--metrics",
         type=Path,
-        default=Path("metrics/calibration.json"),
-        help="flat metrics (default: metrics/calibration.json)",
+        default=Path("metrics") / f"{name}.json",
+        help=f"flat metrics (default: metrics/{name}.json)",
     )
     p.add_argument(
         "--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)"
     )
 
 
-def _calibrate(args: argparse.Namespace) -> int:
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "admitted",
+        type=Path,
+        nargs="+",
+        help="admitted batch folders, e.g. data/admitted/2026-01 (read only); faults run on the first",
+    )
+    _controls_args(p, "calibration")
+
+
+def _run_controls(args: argparse.Namespace, dirs: list[Path], title: str):
     import os
     import tempfile
 
@@ -263,17 +285,101 @@ def _calibrate(args: argparse.Namespace) -> int:
     cp, loop = cal.load_params(args.params)
     with tempfile.TemporaryDirectory(prefix="clap-calibrate-") as work:
         result = cal.calibrate(
-            args.admitted, args.base, work, cp, loop, on_row=lambda r: print(cal.progress_line(r), flush=True)
+            dirs, args.base, work, cp, loop, on_row=lambda r: print(cal.progress_line(r), flush=True)
         )
-    cal.write_outputs(result, args.report_dir, args.metrics, args.admitted.name)
+    cal.write_outputs(result, args.report_dir, args.metrics, title)
     print(f"wrote {args.report_dir / 'calibration.md'} and {args.metrics}")
-    if not result.summary["no_fault_released"]:
-        print(
-            f"error: {result.summary['faults_released']} fault run(s) would be released ({result.summary['fail_on']})",
-            file=sys.stderr,
-        )
+    return cp, result
+
+
+def _uncertified(result) -> int:
+    from clap.judge import certification
+
+    verdict, failed = certification.verdict(result.rows)
+    if failed:
+        print(f"error: {verdict}: " + "; ".join(failed), file=sys.stderr)
         return 1
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    _, result = _run_controls(args, args.admitted, ", ".join(d.name for d in args.admitted))
+    return _uncertified(result)
+
+
+def _certify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=Path("data/admitted"),
+        help="folder of the admitted batches named by params calibrate.batches (default: data/admitted); "
+        "a batch not there is assetized, normalized and admitted from data/raw/<batch> by the stage scripts "
+        "into a scratch folder",
+    )
+    _controls_args(p, "certification")
+
+
+def _admitted(data: Path, batch: str, prep: Path) -> Path:
+    """``data/<batch>`` if admitted there, else the batch run from ``data/raw/<batch>`` through the
+    assetize, normalize and admit stage scripts (as dvc.yaml runs them) into ``prep``."""
+    import subprocess
+
+    if (data / batch / "admission.json").exists():
+        return data / batch
+    stages = Path(__file__).resolve().parents[1] / "stages"
+    steps = [("assetize", Path("data/raw") / batch, prep / "assets"), ("normalize", prep / "assets", prep / "normalized"),
+             ("admit", prep / "normalized", prep / "admitted")]  # fmt: skip
+    for name, src, out in steps:
+        cmd = [
+            sys.executable,
+            str(stages / f"{name}.py"),
+            str(src),
+            str(out / batch),
+            str(prep / f"{name}-{batch}.json"),
+        ]
+        if subprocess.run(cmd).returncode:
+            raise ClapError(
+                f"{name} of batch {batch} failed (its output above)", file=src, rule="certify_data"
+            )
+    return prep / "admitted" / batch
+
+
+def _certify(args: argparse.Namespace) -> int:
+    import tempfile
+    import time
+
+    from clap import io
+    from clap.determinism import hardware_class
+    from clap.judge import calibrate as cal
+    from clap.judge import certification
+    from clap.model.base import default_device
+    from clap.vcs import commit_or_unknown
+
+    cp, _ = cal.load_params(args.params)
+    if not cp.batches or not cp.record:
+        raise ClapError(
+            "certification needs params calibrate.batches (the clean batches) and calibrate.record",
+            file=args.params,
+            column="calibrate",
+            rule="bad_params",
+        )
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="clap-certify-") as prep:
+        dirs = [_admitted(args.data, b, Path(prep)) for b in cp.batches]
+        _, result = _run_controls(args, dirs, f"certification of {', '.join(cp.batches)}")
+        record = certification.build_record(
+            result.rows,
+            {**result.summary, "wall_seconds": round(time.time() - t0, 1)},
+            params_path=args.params,
+            base_dir=args.base,
+            admitted={d.name: d for d in dirs},
+            commit=commit_or_unknown(),
+            machine=hardware_class(default_device()),
+            date=time.strftime("%Y-%m-%d", time.gmtime()),
+        )
+    io.write_json(Path(cp.record), record)
+    print(f"wrote {cp.record}: {record['verdict']}")
+    return _uncertified(result)
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
@@ -352,8 +458,13 @@ SUBCOMMANDS: dict[
         _serve_args,
         _serve,
     ),
+    "certify": (
+        "run the profile's controls and write its certification record (clean batches must learn, faults must be caught)",
+        _certify_args,
+        _certify,
+    ),
     "calibrate": (
-        "run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released",
+        "run train -> eval -> gate on injected faults and clean seeds; fail if a fault is released or a clean run does not learn",
         _calibrate_args,
         _calibrate,
     ),

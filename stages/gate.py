@@ -5,7 +5,8 @@ usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json plots/train/<b
 in:  data/eval/<b>/items.parquet + manifest.json; the training curves (plots/train/<b>.csv); the flat training, admission and
      application-chain replay records (each metrics file with its record file records/<stage>/<b>.json); params.yaml `gate` (the whole release policy, `gate.chain`
      for the replay; latency is gated on the replay's per-request B_request_p95_ms) and, for the evidence,
-     `sizes admit train scoring eval`
+     `sizes admit train scoring eval`; the certification record named by `calibrate.record` (whether the
+     scenario is certified: evidence["certification"], metrics certified 0/1 and its reason)
 out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
      decision without the chain checks as offline_decision; the incumbent's verdict on these items as incumbent_decision
      keep|rollback|n/a with incumbent_rule and incumbent_* numbers; the batch's decision for production as
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 from clap import determinism, io, params, stage
-from clap.judge import detector_plot
+from clap.judge import certification, detector_plot
 from clap.judge import grpo_gate as grpo
 from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
 from clap.judge.scored import read_scored
@@ -72,9 +73,16 @@ def run(
     )
     curves = detector_plot.read_curves(curves_csv)
     evidence["detector"] = detector_plot.evidence_section(curves, train, detector_plot.curves_sha256(curves))
-    report = render_report(evidence)
+    # whether this decision is made in a certified scenario (clap/judge/certification.py); it labels the
+    # decision and `clap release` refuses an uncertified one, it does not change it
+    cert = certification.status(params.DEFAULT_PATH, params.raw_section("calibrate")["record"])
+    evidence["certification"] = cert
+    head, _, rest = render_report(evidence).partition("\n")
+    report = f"{head}\n\n{certification.status_line(cert)}\n{rest}"
     metrics = {
         **flat_metrics(result),
+        "certified": int(cert["certified"]),
+        "certification": cert["reason"],
         **determinism.gate_record(train, params.section("determinism", determinism.DeterminismParams)),
     }
     if probe:

@@ -44,6 +44,7 @@ from clap.chain.grounding import answer_space
 from clap.data.admission import AdmitParams, reason, training_data_checks
 from clap.data.normalize import NormalizeParams, build_vocab, normalize_params
 from clap.errors import ClapError
+from clap.judge import certification
 from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, eval_params, evaluate
 from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
 from clap.model.base import ADAPTER_FILE
@@ -75,6 +76,10 @@ class CalibrateParams:
     dirty_fraction: float
     nan_at_step: int
     fail_on: Sequence[str]
+    batches: Sequence[
+        str
+    ] = ()  # `clap certify`: the profile's clean batches (positive controls); faults on the first
+    record: str = ""  # `clap certify`: the committed certification record (clap/judge/certification.py)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))
@@ -116,11 +121,12 @@ class Variant:
 
     fault: str
     seed: int
+    batch: str = ""
 
     @property
     def name(self) -> str:
-        """``<fault>-<seed>``: the run's name in the table, metrics keys and file names."""
-        return f"{self.fault}-{self.seed}"
+        """``<batch>.<fault>-<seed>``: the run's name in the table, metrics keys and file names."""
+        return f"{self.batch}.{self.fault}-{self.seed}" if self.batch else f"{self.fault}-{self.seed}"
 
 
 @dataclasses.dataclass
@@ -152,10 +158,11 @@ def load_params(path: Path | str) -> tuple[CalibrateParams, LoopParams]:
     return params.section("calibrate", CalibrateParams, path), loop
 
 
-def plan(cp: CalibrateParams) -> list[Variant]:
-    """Every run: each fault under each fault seed, then a clean run per clean seed."""
-    return [Variant(f, s) for f in cp.faults for s in cp.fault_seeds] + [
-        Variant(CLEAN, s) for s in cp.clean_seeds
+def plan(cp: CalibrateParams, batch: str = "", *, faults: bool = True) -> list[Variant]:
+    """Every run of one batch: each fault under each fault seed (unless ``faults`` is false), then a
+    clean run per clean seed."""
+    return [Variant(f, s, batch) for f in cp.faults for s in cp.fault_seeds if faults] + [
+        Variant(CLEAN, s, batch) for s in cp.clean_seeds
     ]
 
 
@@ -308,8 +315,10 @@ def table_row(
         "probe_loss_end",
         "masked_tokens_fraction",
     )
+    quality = next((c for c in gate.checks if c.name == "quality"), None)
     row = {
         "run": variant.name,
+        "batch": variant.batch,
         "fault": variant.fault,
         "seed": variant.seed,
         "rows_changed": changed,
@@ -328,8 +337,15 @@ def table_row(
                 "pvalue",
                 "hallucination_rate",
                 "wrong_fact_rate",
+                "n_items",
+                "rule_power_at_delta_star",
             )
         }
+    )
+    # the positive control's test: the gate's own quality rule against the base passed
+    row.update(
+        learned=quality is not None and quality.cap == "promote",
+        quality_detail=quality.detail if quality is not None else "no quality test (no candidate evaluated)",
     )
     alone = decide([c for c in gate.checks if c.name != "admission"])
     row.update(
@@ -339,9 +355,8 @@ def table_row(
         rule=gate.rule,
         released=gate.decision in cp.fail_on,
     )
-    row["failed"] = (
-        variant.fault != CLEAN and row["released"]
-    )  # a fault that would ship: the calibration fails
+    # a fault that would ship, or a clean run that did not learn: the certification fails
+    row["failed"] = row["released"] if variant.fault != CLEAN else not row["learned"]
     return row
 
 
@@ -380,7 +395,7 @@ def run_variant(
 
 
 def calibrate(
-    admitted_dir: Path | str,
+    admitted_dirs: Path | str | Sequence[Path | str],
     base_dir: Path | str,
     work_dir: Path | str,
     cp: CalibrateParams,
@@ -388,10 +403,14 @@ def calibrate(
     *,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> CalibrationResult:
-    """Run every variant of :func:`plan` on an admitted batch (copied into ``work_dir``).
+    """Run the controls on one or more admitted batches (each copied into ``work_dir``).
+
+    The first batch gets every variant of :func:`plan` (faults, then clean seeds); every other batch
+    its clean seeds. Clean runs are the positive controls, fault runs the negative ones
+    (:mod:`clap.judge.certification`).
 
     Args:
-        admitted_dir: ``data/admitted/<batch>`` (must be admitted); read only.
+        admitted_dirs: ``data/admitted/<batch>`` folders (each must be admitted); read only.
         base_dir: the exported base model folder.
         work_dir: an empty scratch folder (copies, adapters, checkpoints); the caller deletes it.
         cp: ``calibrate`` params.  lp: the loop's params (train, detector, eval, scoring, gate).
@@ -401,31 +420,40 @@ def calibrate(
         The table rows, each run's curves and the flat summary (see :func:`summarize`).
 
     Raises:
-        ClapError: the batch is not admitted (a skipped batch calibrates nothing).
+        ClapError: a batch is not admitted (a skipped batch calibrates nothing).
     """
-    admitted_dir, base_dir, work_dir = Path(admitted_dir), Path(base_dir), Path(work_dir)
-    if not admitted(io.read_json(admitted_dir / "admission.json"), admitted_dir):
-        raise ClapError(
-            "calibration needs an admitted batch", file=admitted_dir / "admission.json", rule="not_admitted"
-        )
-    items, kb = io.read_parquet(admitted_dir / "eval.parquet"), io.read_parquet(admitted_dir / "kb.parquet")
-    base_eval = evaluate(
-        [ModelSpec("base", None, "", "")],
-        base_dir,
-        items,
-        kb,
-        lp.eval,
-        lp.scoring,
-        answer_space(lp.normalize, lp.scoring.answer),
-    )  # the same for every run
+    dirs = (
+        [Path(admitted_dirs)] if isinstance(admitted_dirs, (str, Path)) else [Path(d) for d in admitted_dirs]
+    )
+    base_dir, work_dir = Path(base_dir), Path(work_dir)
+    for d in dirs:
+        if not admitted(io.read_json(d / "admission.json"), d):
+            raise ClapError(
+                "calibration needs an admitted batch", file=d / "admission.json", rule="not_admitted"
+            )
     rows, curves = [], {}
-    for variant in plan(cp):
-        row, curves[variant.name] = run_variant(
-            admitted_dir, base_dir, work_dir / variant.name, variant, base_eval, cp, lp
+    for k, admitted_dir in enumerate(dirs):
+        items, kb = (
+            io.read_parquet(admitted_dir / "eval.parquet"),
+            io.read_parquet(admitted_dir / "kb.parquet"),
         )
-        rows.append(row)
-        if on_row:
-            on_row(row)
+        base_eval = evaluate(
+            [ModelSpec("base", None, "", "")],
+            base_dir,
+            items,
+            kb,
+            lp.eval,
+            lp.scoring,
+            answer_space(lp.normalize, lp.scoring.answer),
+        )  # the same for every run of this batch
+        batch = admitted_dir.name if len(dirs) > 1 else ""
+        for variant in plan(cp, batch, faults=k == 0):
+            row, curves[variant.name] = run_variant(
+                admitted_dir, base_dir, work_dir / variant.name, variant, base_eval, cp, lp
+            )
+            rows.append(row)
+            if on_row:
+                on_row(row)
     return CalibrationResult(rows, curves, summarize(rows, cp))
 
 
@@ -451,7 +479,9 @@ def summarize(rows: Sequence[dict[str, Any]], cp: CalibrateParams) -> dict[str, 
         "clean_release_rate": sum(r["released"] for r in clean) / len(clean) if clean else -1.0,
         "clean_admission_refusals": sum(not r["admitted"] for r in clean),
         "clean_detector_alarms": sum(r["health"] == "alarm" for r in clean),
+        "clean_learned": sum(r["learned"] for r in clean),
         "fail_on": ",".join(cp.fail_on),
+        "verdict": certification.verdict(rows, CLEAN)[0],
     }
 
 
@@ -492,6 +522,12 @@ def _alarm(r: dict[str, Any]) -> str:
     return "–" if step in (-1, "") else f"{step} ({_num(r['alarm_fraction'], '.0%')})"
 
 
+def _control(r: dict[str, Any]) -> str:
+    if r["fault"] == CLEAN:
+        return "FAIL: did not learn" if r["failed"] else "learned"
+    return "FAIL: released" if r["failed"] else f"caught ({certification.caught_by(r)})"
+
+
 def markdown_row(r: dict[str, Any]) -> str:
     """One row of the markdown table."""
     admission = "admitted" if r["admitted"] else f"**refused** ({r['admission_reasons']})"
@@ -512,7 +548,7 @@ def markdown_row(r: dict[str, Any]) -> str:
         _num(r["masked_tokens_fraction"]),
         f"{r['gate_alone']} ({r['gate_alone_rule']})",
         f"**{r['decision']}** ({r['rule']})",
-        "FAIL: released" if r["failed"] else "ok",
+        _control(r),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -523,6 +559,21 @@ def progress_line(r: dict[str, Any]) -> str:
     return f"{r['run']}: {admission}, health {r['health']}, gate alone {r['gate_alone']}, decision {r['decision']} ({r['rule']})"
 
 
+def _power_line(rows: Sequence[dict[str, Any]]) -> str:
+    at = sorted(
+        {
+            (r["n_items"], r["rule_power_at_delta_star"])
+            for r in rows
+            if r["fault"] == CLEAN and r["n_items"] != ""
+        }
+    )
+    return "; ".join(
+        f"At N = {n} held-out items the quality rule promotes a true gain of exactly delta* with probability {_num(pw, '.2f')} "
+        "(planned discordance)"
+        for n, pw in at
+    ) + ("." if at else "")
+
+
 def render_markdown(result: CalibrationResult, title: str) -> str:
     """The calibration table and its summary, ready for a PR or the README."""
     s = result.summary
@@ -531,18 +582,24 @@ def render_markdown(result: CalibrationResult, title: str) -> str:
         if s["no_fault_released"]
         else f"**{s['faults_released']} fault run(s) RELEASED**"
     )
+    v, failed = certification.verdict(result.rows, CLEAN)
     lines = [
-        f"# Fault-injection calibration: {title}",
+        f"# Certification controls: {title}",
+        "",
+        f"Verdict: **{v}**"
+        + (":" if failed else " (every positive control learned, every negative one was caught)."),
+        *[f"- {f}" for f in failed],
         "",
         "| run | rows changed | admission re-check | health | steps | detector alarm step (fraction) | max log E / threshold | train loss | probe loss | "
-        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate alone (rule) | loop decision (rule) | check |",
+        "pass rate base → cand | Δ | p | cand. hallucination / wrong fact | masked label share | gate alone (rule) | loop decision (rule) | control |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[markdown_row(r) for r in result.rows],
         "",
         f"Fault runs: {s['fault_runs']}, {verdict} (fail on: {s['fail_on']}); refused by the admission re-check: {s['fault_admission_refusals']}, "
         f"detector alarms: {s['fault_detector_alarms']}, released by the gate alone (without the admission verdict): {s['faults_released_by_gate_alone']}. "
         f"Clean runs: {s['clean_runs']}, false-reject rate {_num(s['clean_false_reject_rate'], '.2f')}, hold rate {_num(s['clean_hold_rate'], '.2f')}, "
-        f"release rate {_num(s['clean_release_rate'], '.2f')}, admission refusals {s['clean_admission_refusals']}, detector alarms {s['clean_detector_alarms']}.",
+        f"release rate {_num(s['clean_release_rate'], '.2f')}, admission refusals {s['clean_admission_refusals']}, detector alarms {s['clean_detector_alarms']}, "
+        f"learned (the gate's quality rule passed against the base) {s['clean_learned']}. {_power_line(result.rows)}",
         "",
         "Admission re-check: admission's content checks re-run on the training items after the fault. Gate alone: the decision without "
         "the admission verdict. Loop decision: with it (what the pipeline would do).",

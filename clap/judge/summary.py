@@ -74,6 +74,8 @@ def batch_row(metrics_dir: Path | str, batch: str, p: SummaryParams) -> dict[str
         "production_decision": _get(gate, "production_decision", gate_path),
         "production_rule": _get(gate, "production_rule", gate_path),
         "has_candidate": bool(_get(ev, "has_candidate", eval_path)),
+        "certified": bool(_get(gate, "certified", gate_path)),
+        "certification": _get(gate, "certification", gate_path),
     }
     for m in p.metrics:
         base = float(_get(ev, f"base_{m}", eval_path))
@@ -173,6 +175,7 @@ def render_markdown(rows: Sequence[dict[str, Any]], flat: dict[str, Any], p: Sum
     ]
     lines += [
         f"- {r['batch']}: {r['decision']} by rule `{r['rule']}`"
+        + ("" if r["certified"] else f" (scenario **UNCERTIFIED**: {r['certification']})")
         + (
             f"; production: **{r['production_decision']}** by rule `{r['production_rule']}` (the incumbent fails on these items)"
             if r["production_decision"] != r["decision"]

@@ -487,7 +487,27 @@ def _verified_claims(root: Path, batch: str, token: str, p: ReleaseParams) -> tu
     return claims, binding
 
 
-def release(root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key: Path) -> dict[str, Any]:
+def _require_certified(root: Path, batch: str, uncertified: str) -> dict[str, str]:
+    """The batch's gate decision must have been made in a certified scenario (its gate record's
+    ``certified``), or the releaser says why it ships anyway (``uncertified``: recorded in the event)."""
+    gate = gate_decision(root, batch)
+    if gate.get("certified") == 1:
+        return {}
+    why = gate.get("certification", "the gate recorded no certification status (re-run the gate)")
+    if not uncertified.strip():
+        raise ClapError(
+            f"batch {batch} was decided in an uncertified scenario ({why}): run `clap certify` and the gate "
+            f"again, or release with --uncertified REASON (recorded in releases/history.jsonl)",
+            file=Path(root) / "metrics" / "gate" / f"{batch}.json",
+            column="certified",
+            rule="uncertified_scenario",
+        )
+    return {"uncertified_override": uncertified.strip(), "uncertified_because": why}
+
+
+def release(
+    root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key: Path, uncertified: str = ""
+) -> dict[str, Any]:
     """Release ``batch`` under the approval ``token`` and commit ``releases/``.
 
     Args:
@@ -499,6 +519,8 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key
             OpenSSF model-signing format (:mod:`clap.release.signing`); the signature and the
             public key are committed as ``releases/handoff/<batch>/model.sig`` and
             ``model_signing.pub`` and the event records their sha256.
+        uncertified: why a batch decided in an uncertified scenario ships anyway; empty: such a
+            batch is refused (:mod:`clap.judge.certification`).
 
     Returns:
         The history event written (plus ``release_commit``): ``event`` is ``release``, or
@@ -513,6 +535,7 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key
     load_signing_key(signing_key)  # a missing or wrong key is refused before anything else
     with _locked(root):
         claims, binding = _verified_claims(root, batch, token, p)
+        override = _require_certified(root, batch, uncertified)
         pointer = read_pointer(root)
         if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
             raise ClapError(
@@ -556,6 +579,7 @@ def release(root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key
             "token": token.strip(),  # the signed approval: readers of releases/ re-verify it (registry.py)
             # which bytes were released, signed in the OpenSSF model-signing format (registry.py checks it)
             "model_signature": signature.record(sig_path, pub_path),
+            **override,
             "at": _now(),
         }
         history = read_history(root)

@@ -166,19 +166,27 @@ def model_card(root: Path, binding: Binding, datasets: dict[str, str], p: CardPa
         ],
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    body = _card_body(binding, base, p, load_answer_schema(Path(root) / "params.yaml"))
+    gate = io.read_json(Path(root) / "metrics" / "gate" / f"{b}.json")
+    body = _card_body(binding, base, p, load_answer_schema(Path(root) / "params.yaml"), gate)
     return f"---\n{front}---\n\n{body}"
 
 
-def _card_body(binding: Binding, base: dict[str, Any], p: CardParams, answer: AnswerSchema) -> str:
+def _card_body(
+    binding: Binding, base: dict[str, Any], p: CardParams, answer: AnswerSchema, gate: dict[str, Any]
+) -> str:
     b = binding.batch
+    scenario = (
+        "certified (`certification/record.json`)"
+        if gate.get("certified")
+        else f"**UNCERTIFIED**: {gate.get('certification', 'the gate recorded no certification status')}"
+    )
     return f"""# clap LoRA adapter, batch {b}
 
 A LoRA adapter for `{base.get("source", "?")}` that {p.summary} with one JSON object
 ({", ".join(answer.names)}; the evidence a verbatim quote) from retrieved documents. Trained and
 evaluated by the clap pipeline on data batch `{b}`.
 
-- Gate decision: **{binding.decision}** (see `reports/gate/{b}/report.md`)
+- Gate decision: **{binding.decision}** (see `reports/gate/{b}/report.md`); scenario {scenario}
 - Adapter (`adapter_model.safetensors`) sha256: `{binding.adapter_sha256}`
 - Base weights sha256: `{base.get("weights_sha256", "?")}`
 - Per-item eval record sha256: `{binding.eval_sha256}`; evidence bundle sha256: `{binding.evidence_sha256}`

@@ -194,7 +194,9 @@ def calibrated(tiny_base, tmp_path_factory):
 def test_table_has_one_row_per_run_and_flat_metrics(calibrated):
     status, reports, metrics, runs = calibrated
     expected = [f"{f}-5" for f in FAULTS] + [f"clean-{s}" for s in CLEAN_SEEDS]
-    assert status == 0 and list(runs) == expected
+    assert (
+        status == 1 and list(runs) == expected
+    )  # uncertified: the random tiny model's clean runs do not learn
     table = [line for line in (reports / "calibration.md").read_text().splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(expected) and all(
         line.count(" | ") == table[0].count(" | ") for line in table
@@ -217,6 +219,19 @@ def test_no_fault_is_released_and_clean_rates_follow_the_rows(calibrated):
     assert all(
         r["baseline_pass_rate"] == 0.0 for r in runs.values()
     )  # a random tiny model: nothing can be promoted here
+
+
+def test_a_scenario_whose_clean_runs_do_not_learn_is_uncertified(calibrated):
+    """The tiny random model learns nothing the gate can see (pass rate 0 -> 0): every "reject" there is
+    vacuous, so the controls fail the scenario, naming each positive control, instead of passing it."""
+    status, reports, metrics, runs = calibrated
+    clean = [r for r in runs.values() if r["fault"] == cal.CLEAN]
+    assert status == 1 and metrics["verdict"] == "UNCERTIFIED" and metrics["clean_learned"] == 0
+    assert all(not r["learned"] and r["failed"] and "gain below" in r["quality_detail"] for r in clean)
+    report = (reports / "calibration.md").read_text()
+    assert "Verdict: **UNCERTIFIED**" in report
+    assert all(f"positive control {r['run']} did not learn" in report for r in clean)
+    assert "negative control relabel was not run" in report  # the tiny run injects no relabel fault
 
 
 def test_faults_show_their_deterministic_signatures(calibrated):
@@ -294,6 +309,11 @@ def test_a_released_fault_fails_loudly(monkeypatch, tmp_path, capsys):
         rule="quality",
         released=True,
         failed=True,
+        batch="",
+        learned=True,
+        quality_detail="significant gain >= delta*",
+        n_items=100,
+        rule_power_at_delta_star=0.31,
     )
     rows = [row, {**row, "run": "clean-1", "fault": cal.CLEAN, "failed": False}]
     fake = cal.CalibrationResult(rows, {"relabel-5": [], "clean-1": []}, cal.summarize(rows, _cp()))
@@ -310,6 +330,7 @@ def test_a_released_fault_fails_loudly(monkeypatch, tmp_path, capsys):
             str(ROOT / "params.yaml"),
         ]
     )
-    assert status == 1 and "1 fault run(s) would be released" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 1 and "negative control relabel-5 was promote (quality): the fault would ship" in err
     assert "FAIL: released" in (tmp_path / "rep/calibration.md").read_text()
     assert json.loads((tmp_path / "m.json").read_text())["no_fault_released"] is False

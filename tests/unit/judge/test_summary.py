@@ -33,6 +33,7 @@ def write_batch(
     alarm: int = -1,
     chain_value: float | None = None,
     production: str | None = None,
+    uncertified: str = "",
 ) -> None:
     ev = {"has_candidate": int(cand is not None), **{f"base_{k}": v for k, v in base.items()}}
     ev.update({f"candidate_{k}": v for k, v in (cand or {}).items()})
@@ -50,6 +51,8 @@ def write_batch(
             **(
                 {"baseline": "base", "delta": cand["pass_rate"] - base["pass_rate"]} if cand else {}
             ),  # the gate's paired delta against its baseline
+            "certified": int(not uncertified),
+            "certification": uncertified or "certified at commit abc1234",
         },
     )
     ran = chain_value is not None
@@ -97,7 +100,12 @@ def metrics_dir(tmp_path):
         chain_value=0.4,
     )
     write_batch(
-        tmp_path, "2026-05", {"overall": 0.70, "pass_rate": 0.40, "hallucination_rate": 0.05}, None, "reject"
+        tmp_path,
+        "2026-05",
+        {"overall": 0.70, "pass_rate": 0.40, "hallucination_rate": 0.05},
+        None,
+        "reject",
+        uncertified="the params changed since the certification of commit abc1234",
     )
     return tmp_path
 
@@ -128,6 +136,10 @@ def test_regressed_batches_are_flagged_even_when_the_mean_improves(metrics_dir):
     assert "no candidate" in md and "mean (3 trained)" in md
     assert "- 2026-03: reject by rule `quality`; production: **rollback** by rule `incumbent_quality`" in md
     assert "- 2026-01: promote by rule `quality`\n" in md  # production follows the decision: not repeated
+    assert (  # a decision made in an uncertified scenario says so; a certified one is not annotated
+        "- 2026-05: reject by rule `quality` (scenario **UNCERTIFIED**: the params changed since the "
+        "certification of commit abc1234)" in md
+    )
     plot = plot_frame(rows)
     assert list(zip(plot["batch"], plot["kind"], plot["delta"], plot["decision"])) == [
         ("2026-01", "offline_pass_rate", pytest.approx(0.2), "promote"),

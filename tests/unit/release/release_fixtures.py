@@ -52,10 +52,12 @@ elif stage == "eval":
     Path(f"data/eval/{b}/items.parquet").write_bytes(b"items of " + b.encode() + b" vs " + pointer)
     write(f"metrics/eval/{b}.json", json.dumps({"candidate_pass_rate": 0.8, "base_pass_rate": 0.25, "n_items": 40, "wall_s": 600.0}))
 elif stage == "gate":
-    decision = Path(f"src/{b}.decision").read_text().strip()
+    decision, *flags = Path(f"src/{b}.decision").read_text().split()  # "promote uncertified": an uncertified scenario
     sha = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
     rule = "quality" if decision in ("hold", "reject") else ""
-    write(f"metrics/gate/{b}.json", json.dumps({"decision": decision, "decision_code": ["reject", "hold", "canary", "promote"].index(decision), "rule": rule}))
+    write(f"metrics/gate/{b}.json", json.dumps({"decision": decision, "decision_code": ["reject", "hold", "canary", "promote"].index(decision), "rule": rule,
+          "certified": int("uncertified" not in flags),
+          "certification": "positive control x did not learn" if "uncertified" in flags else "certified at commit fixture"}))
     write(f"reports/gate/{b}/evidence.json", json.dumps({"decision": decision, "eval_items_sha256": sha(f"data/eval/{b}/items.parquet"),
           "adapter_sha256": sha(f"models/adapters/{b}/adapter_model.safetensors"),
           "reasons": [{"name": "quality", "cap": decision, "detail": "McNemar p=0.21 >= alpha 0.05"}]}))

@@ -30,6 +30,7 @@ from .release_fixtures import (
     read_jsonl,
     release_both,
     repro,
+    set_decision,
     signing_key,
     snapshot,
     template_base,
@@ -91,6 +92,23 @@ def test_release_commits_pointer_history_ledger_and_handoff(repo):
         pointer["approval_id"]
     ]
     assert git(repo, "status", "--porcelain") == ""
+
+
+def test_release_refuses_an_uncertified_scenario_unless_told_why(repo):
+    set_decision(repo, X, "promote uncertified")
+    token = approve(repo, X)
+    msg = refused(
+        repo,
+        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        "uncertified_scenario",
+    )
+    assert "uncertified scenario (positive control x did not learn)" in msg and "--uncertified REASON" in msg
+    event = R.release(
+        repo, X, token, R.load_params(repo), signing_key=signing_key(repo), uncertified="hotfix, certify next"
+    )
+    assert event["uncertified_override"] == "hotfix, certify next"
+    assert event["uncertified_because"] == "positive control x did not learn"
+    assert R.read_history(repo)[-1]["uncertified_override"] == "hotfix, certify next"
 
 
 def model_signing_verify(repo, batch, *extra):

@@ -80,6 +80,11 @@ def root(tmp_path):
         None,
         {"wall_s": 1800.0, "device": "cpu", "health": "ok"},
     )
+    io.write_metrics_and_record(
+        tmp_path / "metrics" / "gate" / f"{B}.json",
+        None,
+        {"decision": "promote", "certified": 0, "certification": "positive control x did not learn"},
+    )
     frame = pd.DataFrame({"item_id": ["i1", "i2"], "value": [1.0, 2.5]})
     io.write_parquet(tmp_path / "data" / "admitted" / B / "sft.parquet", frame)
     io.write_parquet(tmp_path / "data" / "admitted" / B / "eval.parquet", frame.head(1))
@@ -111,6 +116,7 @@ def test_valid_handoff_has_no_problems_and_writes_three_files(root):
         "wall_s": 900.0,
     }  # numbers only, strings left out
     assert any(ds.startswith(f"clap/{B}/sft@sha256:") for ds in meta["datasets"])
+    assert "scenario **UNCERTIFIED**: positive control x did not learn" in h.card  # the card says it
 
 
 @pytest.mark.parametrize("key", ["base_model", "datasets", "library_name", "license", "tags", "model-index"])

@@ -1,0 +1,122 @@
+"""Certification: the verdict over the controls, and the record's binding to the params it ran under."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from clap.judge import certification as C
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _row(run: str, fault: str = "clean", **kw) -> dict:
+    base = dict(
+        run=run,
+        fault=fault,
+        learned=True,
+        quality_detail="significant gain >= delta* (b=20, c=1, N=100)",
+        released=False,
+        decision="promote" if fault == "clean" else "reject",
+        rule="all_checks_passed" if fault == "clean" else "quality",
+        admitted=True,
+        health="ok",
+        b=20,
+        c=1,
+        pvalue=1e-5,
+        delta=0.19,
+        n_items=100,
+        rule_power_at_delta_star=0.31,
+    )
+    return {**base, **kw}
+
+
+CONTROLS = [
+    _row("2026-01.relabel-1", "relabel", health="alarm", rule="training_health"),
+    _row("2026-01.loss_on_prompt-1", "loss_on_prompt", rule="loss_masking"),
+    _row("2026-01.clean-1"),
+    _row("2026-02.clean-1"),
+]
+
+
+def test_every_positive_control_learned_and_every_fault_caught_is_certified():
+    assert C.verdict(CONTROLS) == (C.CERTIFIED, [])
+    assert [C.caught_by(r) for r in CONTROLS[:2]] == ["detector", "gate rule loss_masking"]
+    assert C.caught_by({**CONTROLS[0], "admitted": False}) == "admission"
+
+
+def test_a_clean_run_that_does_not_learn_fails_the_certification_naming_it():
+    rows = [*CONTROLS[:3], _row("2026-02.clean-1", learned=False, quality_detail="gain below delta*")]
+    v, failed = C.verdict(rows)
+    assert v == C.UNCERTIFIED and failed == [
+        "positive control 2026-02.clean-1 did not learn: gain below delta*"
+    ]
+
+
+def test_a_released_fault_or_a_missing_required_control_fails_it():
+    released = {**CONTROLS[0], "released": True, "decision": "canary", "rule": "all_checks_passed"}
+    v, failed = C.verdict([released, *CONTROLS[1:]])
+    assert v == C.UNCERTIFIED and "negative control 2026-01.relabel-1 was canary" in failed[0]
+    v, failed = C.verdict(CONTROLS[1:])  # no relabel fault ran
+    assert failed == ["negative control relabel was not run (calibrate.faults)"]
+    assert C.verdict(CONTROLS[:2])[1] == [
+        "no positive control ran (calibrate.batches x calibrate.clean_seeds)"
+    ]
+
+
+def _record(tmp_path: Path, params: Path, rows: list[dict]) -> Path:
+    base = tmp_path / "base"
+    base.mkdir(exist_ok=True)
+    (base / "model.safetensors").write_bytes(b"weights")
+    batch = tmp_path / "admitted" / "b1"
+    batch.mkdir(parents=True, exist_ok=True)
+    (batch / "admission.json").write_text("{}")
+    rec = C.build_record(
+        rows,
+        {"runs": len(rows)},
+        params_path=params,
+        base_dir=base,
+        admitted={"b1": batch},
+        commit="abc1234",
+        machine="x86_64-avx2-amd",
+        date="2026-12-04",
+    )
+    path = tmp_path / "certification" / "record.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_the_status_holds_only_for_the_params_it_was_certified_under(tmp_path):
+    params = tmp_path / "params.yaml"
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params.write_text(yaml.safe_dump(raw))
+    record = _record(tmp_path, params, CONTROLS)
+    rec = json.loads(record.read_text())
+    assert rec["verdict"] == C.CERTIFIED and rec["data_sha256"]["b1"] and len(rec["base_sha256"]) == 64
+    assert [c["caught_by"] for c in rec["negative_controls"]] == ["detector", "gate rule loss_masking"]
+    s = C.status(params, record)
+    assert s["certified"] and s["commit"] == "abc1234" and "certified" in C.status_line(s)
+    # a comment or key order does not unbind it; a changed value does
+    params.write_text("# a comment\n" + yaml.safe_dump(raw, sort_keys=True))
+    assert C.status(params, record)["certified"]
+    raw["gate"]["delta_star"] = raw["gate"]["delta_star"] + 0.01
+    params.write_text(yaml.safe_dump(raw))
+    s = C.status(params, record)
+    assert not s["certified"] and "params changed since the certification of commit abc1234" in s["reason"]
+    assert "UNCERTIFIED" in C.status_line(s)
+
+
+def test_an_uncertified_record_or_none_is_uncertified_and_says_why(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    missing = C.status(params, tmp_path / "certification" / "record.json")
+    assert not missing["certified"] and "run `clap certify`" in missing["reason"]
+    rows = [*CONTROLS[:3], _row("2026-02.clean-1", learned=False, quality_detail="gain below delta*")]
+    s = C.status(params, _record(tmp_path, params, rows))
+    assert (
+        not s["certified"]
+        and s["reason"] == "positive control 2026-02.clean-1 did not learn: gain below delta*"
+    )
