@@ -327,14 +327,15 @@ def _admitted(data: Path, batch: str, prep: Path) -> Path:
     if (data / batch / "admission.json").exists():
         return data / batch
     stages = Path(__file__).resolve().parents[1] / "stages"
-    steps = [("assetize", Path("data/raw") / batch, prep / "assets"), ("normalize", prep / "assets", prep / "normalized"),
-             ("admit", prep / "normalized", prep / "admitted")]  # fmt: skip
+    steps = [("assetize", Path("data/raw") / batch, prep / "assets" / batch),
+             ("normalize", prep / "assets" / batch, prep / "normalized" / batch),
+             ("admit", prep / "normalized" / batch, prep / "admitted" / batch)]  # fmt: skip
     for name, src, out in steps:
         cmd = [
             sys.executable,
             str(stages / f"{name}.py"),
             str(src),
-            str(out / batch),
+            str(out),
             str(prep / f"{name}-{batch}.json"),
         ]
         if subprocess.run(cmd).returncode:
