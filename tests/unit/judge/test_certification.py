@@ -120,3 +120,50 @@ def test_an_uncertified_record_or_none_is_uncertified_and_says_why(tmp_path):
         not s["certified"]
         and s["reason"] == "positive control 2026-02.clean-1 did not learn: gain below delta*"
     )
+
+
+def test_clap_certify_prepares_a_batch_from_raw_and_writes_the_bound_record(tmp_path, monkeypatch, capsys):
+    """`clap certify` takes an admitted batch from --data, runs one that is not there through the
+    assetize/normalize/admit stage scripts, and writes the record even when the verdict fails."""
+    from clap import cli
+    from clap.judge import calibrate as cal
+
+    monkeypatch.chdir(ROOT)  # the stage scripts read data/raw/<batch> and params.yaml from here
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    record = tmp_path / "cert" / "record.json"
+    raw["calibrate"].update(batches=["2026-01", "2026-02"], record=str(record))
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    (tmp_path / "admitted" / "2026-01").mkdir(parents=True)
+    (tmp_path / "admitted" / "2026-01" / "admission.json").write_text('{"admitted": true}')
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "model.safetensors").write_bytes(b"w")
+    seen = []
+
+    def fake_calibrate(dirs, *a, **k):
+        seen.extend(dirs)
+        rows = [*CONTROLS[:2], _row("2026-02.clean-1", learned=False, quality_detail="gain below delta*")]
+        return cal.CalibrationResult(rows, {}, {"runs": 3})
+
+    monkeypatch.setattr(cal, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cal, "write_outputs", lambda *a, **k: None)
+    status = cli.main(
+        [
+            "certify",
+            "--data",
+            str(tmp_path / "admitted"),
+            "--base",
+            str(tmp_path / "base"),
+            "--params",
+            str(params),
+        ]
+        + ["--report-dir", str(tmp_path / "rep"), "--metrics", str(tmp_path / "m.json")]
+    )
+    assert (
+        status == 1
+        and "UNCERTIFIED: positive control 2026-02.clean-1 did not learn" in capsys.readouterr().err
+    )
+    assert seen[0] == tmp_path / "admitted" / "2026-01" and seen[1].name == "2026-02"
+    rec = json.loads(record.read_text())
+    assert rec["verdict"] == C.UNCERTIFIED and set(rec["data_sha256"]) == {"2026-01", "2026-02"}
+    assert rec["params_sha256"] == C.params_sha256(params) and rec["summary"]["runs"] == 3
