@@ -96,6 +96,20 @@ def test_stage_deps_cover_every_file_the_stage_imports():
     assert uncovered == []
 
 
+def test_stages_that_verify_the_incumbent_depend_on_all_release_state():
+    """`clap revoke` or a new trusted key must re-run every stage that verifies the production pointer:
+    a stage given a releases/ path (stages take every path as an argument) verifies it with
+    clap/release/registry.py, which reads the history, the approval ledger, the trusted and the revoked
+    keys too, so it depends on the whole folder, not on the pointer alone."""
+    readers = {}
+    for name, stage in _dvc_stages().items():
+        body = stage.get("do", stage)
+        if "releases/" in body["cmd"]:
+            assert ROOT / "clap" / "release" / "registry.py" in closure(ROOT / _stage_script(body)), name
+            readers[name] = "releases" in body.get("deps", [])
+    assert set(readers) == {"warm_start", "eval"} and all(readers.values()), readers
+
+
 def test_no_import_cycle_between_packages():
     """The phases form a DAG (clap/cli.py, the entry point, may import any of them)."""
     edges: dict[str, set[str]] = {}
