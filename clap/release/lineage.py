@@ -1,7 +1,8 @@
 """A batch's lineage in the release history: which released adapter its training starts from.
 
 The rule and why it is stable: :mod:`clap.train.warm_start`. This module only reads ``releases/``
-(the history and, for a batch never released, the verified production pointer).
+(the verified history and, for a batch never released, the production pointer verified against its
+approval and the base weights the base stage recorded) and the base stage's record.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clap.errors import ClapError
-from clap.release.registry import read_history, release_stack, verify_pointer
+from clap.release.registry import recorded_base_sha256, release_stack, verified_history, verify_pointer
 from clap.train.warm_start import MODES, WarmStart
 
 
@@ -45,7 +46,8 @@ def resolve(batch: str, mode: str, root: Path | str, adapters_dir: Path | str) -
         )
     if mode == "fresh":
         return WarmStart(batch, "", "", "warm_start.mode is fresh: fresh LoRA weights")
-    released, replaced = _first_release_replaced(read_history(Path(root)), batch)
+    # every past release verified (approvals, single use, order), as `clap serve` and eval verify the pointer
+    released, replaced = _first_release_replaced(verified_history(Path(root)), batch)
     if released:
         if not replaced or not replaced.get("batch"):
             return WarmStart(
@@ -57,7 +59,16 @@ def resolve(batch: str, mode: str, root: Path | str, adapters_dir: Path | str) -
             str(replaced.get("adapter_sha256", "")),
             f"{batch}'s first release replaced batch {replaced['batch']}: its adapter, then as now",
         )
-    current = verify_pointer(Path(root), adapters_dir=adapters_dir)
+    base = recorded_base_sha256(Path(root))
+    if base is None and verify_pointer(Path(root), adapters_dir=adapters_dir) is not None:
+        raise ClapError(
+            "the base stage's record has no weights_sha256: the incumbent's adapter is bound to a base "
+            "model's hash, which cannot be checked (run the base stage first)",
+            file=Path(root) / "metrics" / "base.json",
+            column="weights_sha256",
+            rule="missing_base",
+        )
+    current = verify_pointer(Path(root), adapters_dir=adapters_dir, base_sha256=base)
     if current is None:
         return WarmStart(batch, "", "", "nothing is released: fresh LoRA weights")
     return WarmStart(

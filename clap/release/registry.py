@@ -100,6 +100,19 @@ def read_history(root: Path) -> list[dict[str, Any]]:
     return read_jsonl(Path(root) / HISTORY)
 
 
+def verified_history(root: Path | str) -> list[dict[str, Any]]:
+    """history.jsonl after every release's approval is verified and the release/rollback sequence is
+    replayed (:func:`_replay` with ``verify_each``): what a reader that trusts a past release must use.
+
+    Raises:
+        ClapError: the first event that does not verify.
+    """
+    root = Path(root)
+    reg = _load(root)
+    _replay(root, reg, None, verify_each=True)
+    return reg.history
+
+
 def release_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Releases still in effect, oldest first: a release pushes its pointer, a rollback pops."""
     stack: list[dict[str, Any]] = []

@@ -51,6 +51,30 @@ def test_a_hand_edited_pointer_is_refused(repo):
     assert err.value.rule
 
 
+def test_a_forged_past_release_is_refused_for_the_batch_it_released(repo):
+    """A released batch's start comes from history.jsonl: every release there is verified first, so a
+    hand-edited past event (here: the adapter it replaced) is refused, not trusted."""
+    release_both(repo)
+    history = R.read_history(repo)
+    history[0]["pointer"]["adapter_sha256"] = "0" * 64  # X's release, which Y's start reads
+    (repo / "releases" / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in history))
+    with pytest.raises(ClapError) as err:
+        resolve(Y, "incumbent", repo, repo / "models" / "adapters")
+    assert err.value.rule
+
+
+def test_an_incumbent_approved_on_another_base_is_refused(repo):
+    release_both(repo)
+    base = repo / "metrics" / "base.json"
+    record = json.loads(base.read_text())
+    record["weights_sha256"] = "1" * 64  # the base stage now records other weights than were approved
+    base.write_text(json.dumps(record))
+    (repo / "records" / "base.json").unlink(missing_ok=True)
+    with pytest.raises(ClapError) as err:
+        resolve(Z, "incumbent", repo, repo / "models" / "adapters")
+    assert "base" in str(err.value)
+
+
 def test_unknown_mode_is_refused(repo):
     with pytest.raises(ClapError, match="warm_start.mode must be one of fresh, incumbent"):
         resolve(X, "latest", repo, repo / "models" / "adapters")
