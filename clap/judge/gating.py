@@ -564,6 +564,7 @@ def quality_numbers(test: PairedResult, pairs: pd.DataFrame, p: GateParams) -> d
         "baseline_pass_rate": float(pairs["pass_baseline"].mean()),
         "candidate_overall": float(pairs["overall"].mean()),
         "baseline_overall": float(pairs["overall_baseline"].mean()),
+        "rule_power_target": p.power,
         "rule_mde_observed": rule_mde(test.n, test.discordance, rule, p.power),
         "rule_mde_planned": rule_mde(test.n, p.planning_discordance, rule, p.power),
         "rule_power_at_delta_star": rule_power(test.n, p.delta_star, p.planning_discordance, rule),
@@ -893,6 +894,7 @@ def render_report(evidence: Mapping[str, Any]) -> str:
     lines += incumbent_lines(evidence)
     lines += detector_plot.report_lines(evidence)
     if "delta" in n:
+        power = f"{n['rule_power_target']:.0%}"  # gate.power: the MDE and the N needed are computed at it
         lines += [
             "",
             f"Quality: pass rate {n['baseline_pass_rate']:.3f} → {n['candidate_pass_rate']:.3f}, overall {n['baseline_overall']:.3f} → {n['candidate_overall']:.3f}; "
@@ -903,8 +905,8 @@ def render_report(evidence: Mapping[str, Any]) -> str:
                 if n["rule_power_at_delta_star_observed"] >= 0
                 else f" (observed discordance {n['discordance']:.2f} is below delta*)"
             )
-            + f"; 80 % power from a true gain of {n['rule_mde_observed']:.3f} (observed discordance), "
-            f"{n['rule_mde_planned']:.3f} (planned); N needed for 80 % power at gate.planning_delta and the planned discordance: {n['rule_n_required_planned']}. "
+            + f"; {power} power from a true gain of {n['rule_mde_observed']:.3f} (observed discordance), "
+            f"{n['rule_mde_planned']:.3f} (planned); N needed for {power} power at gate.planning_delta and the planned discordance: {n['rule_n_required_planned']}. "
             "The LCB is Tango's score bound: approximate (worst measured coverage 91-94 % at N = 40-300, not 95 %).",
         ]
     sl = evidence.get("slices", {})

@@ -347,6 +347,20 @@ def test_flat_metrics_and_report():
         "# Gate 2026-02: **PROMOTE**" in md and "by metric" in md and ev["adapter_sha256"] == SHA["candidate"]
     )
     assert DECISION_CODE == {"reject": 0, "hold": 1, "canary": 2, "promote": 3}
+    assert f"{P.power:.0%} power from a true gain of" in md  # the report states gate.power, not a constant
+    p90 = dataclasses.replace(P, power=0.9)
+    r90 = run_gate(
+        *frames({"base": base, "candidate": cand}),
+        OK_TRAIN,
+        ADMITTED,
+        p90,
+        replay=_chain(),
+        slices=ANSWER.slices,
+    )
+    md90 = render_report(
+        evidence_bundle(r90, "2026-02", frames({"base": base, "candidate": cand})[1], "f" * 64, {}, p90)
+    )
+    assert "90% power from a true gain of" in md90 and "N needed for 90% power" in md90
 
 
 def test_params_section_loads_and_bad_policy_is_refused():
