@@ -34,6 +34,7 @@ import io as stdio
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's clap, not another one's editabl
 
 from clap.model.base import ADAPTER_FILE  # noqa: E402
 from clap.release.approval import RELEASABLE  # noqa: E402
+from clap.release.trust import ROOT_ENV  # noqa: E402
 
 # Two clean months, the shifted one, a clean one after it (docs/release.md, "Closed loop").
 DEFAULT_BATCHES = ("2026-01", "2026-02", "2026-05", "2026-06")
@@ -334,7 +336,11 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
             )
         checkout = run([_dvc(), "checkout"], "check out what the project already computed", ok=(0, 1, 255))
         result["checkout_rc"] = checkout.returncode
-        run([sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "throwaway approver key")
+        keygen = run(
+            [sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "throwaway approver key"
+        )
+        # pinned outside the scratch clone, as CI pins its approvers' fingerprints ($CLAP_TRUST_ROOT)
+        run.env[ROOT_ENV] = re.search(r"fingerprint: ([0-9a-f]{64})", keygen.stdout).group(1)
         run(
             [sys.executable, "-m", "clap.cli", "signing-keygen", "--name", SIGNER],
             "throwaway model-signing key (EC P-256)",

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "release"))
-from release_fixtures import BATCHES, build_template, repro  # noqa: E402
+from release_fixtures import BATCHES, build_template, fingerprint, repro  # noqa: E402
 
 
 def _clap(repo: Path, *args: str) -> tuple[float, str]:
@@ -41,6 +41,7 @@ def main() -> None:
     a, b = BATCHES
     with tempfile.TemporaryDirectory() as tmp:
         repo = build_template(Path(tmp))
+        os.environ["CLAP_TRUST_ROOT"] = fingerprint(repo, "alice")  # pinned outside the repository, as in CI
         key = str(Path(tmp) / "keys" / "alice.key")
         signer = str(Path(tmp) / "keys" / "signer.key")  # EC P-256: the release signs the adapter folder
         t = {}

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -67,6 +68,7 @@ from clap import io  # noqa: E402
 from clap.model.base import ADAPTER_FILE  # noqa: E402
 from clap.release.approval import RELEASABLE  # noqa: E402
 from clap.release.handoff import CARD, COST, MANIFEST, validate_card, validate_manifest  # noqa: E402
+from clap.release.trust import ROOT_ENV  # noqa: E402
 
 APPROVER = "alice"
 SIGNING_KEY = "keys/model-signing.key"  # `clap signing-keygen`'s default
@@ -313,7 +315,9 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if wanted != batches:
             set_params(scratch / "params.yaml", {"batches": wanted})
             commit_all(run, f"batches: {wanted}")
-        run([sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "approver key")
+        keygen = run([sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "approver key")
+        # pinned outside the scratch clone, as CI pins its approvers' fingerprints ($CLAP_TRUST_ROOT)
+        run.env[ROOT_ENV] = re.search(r"fingerprint: ([0-9a-f]{64})", keygen.stdout).group(1)
         git(run, "add", "releases/trusted_keys", what="trust the approver")
         git(run, "commit", "-q", "-m", f"trust {APPROVER}", what="commit")
         run([sys.executable, "-m", "clap.cli", "signing-keygen"], "model-signing key (EC P-256)")

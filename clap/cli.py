@@ -57,10 +57,17 @@ def _keygen_args(p: argparse.ArgumentParser) -> None:
 
 def _keygen(args: argparse.Namespace) -> int:
     from clap.release import control as release
+    from clap.release.approval import key_sha256, load_private_key
+    from clap.release.trust import DEFAULT_ROOT_FILE, ROOT_ENV
 
     priv, pub = release.keygen(Path.cwd(), args.name, args.out)
+    fingerprint = key_sha256(load_private_key(priv).public_key())
     print(
-        f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it: only committed keys are trusted)"
+        f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it)\n"
+        f"fingerprint: {fingerprint}\n"
+        f"A key approves nothing until it is trusted: pin the first approvers' fingerprints outside the repository "
+        f"(${ROOT_ENV} in CI, {DEFAULT_ROOT_FILE} on a workstation); add later ones with "
+        f"`clap trust add {args.name} --key <a trusted key>` (signed by release.key_quorum keys in force)"
     )
     return 0
 
@@ -90,19 +97,30 @@ def _signing_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _revoke_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="the approver whose key (releases/trusted_keys/<name>.pub) is revoked")
-    p.add_argument("--reason", required=True, help="why (recorded in releases/revoked_keys.jsonl)")
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["add", "revoke"], help="add a key to the keys in force, or revoke one")
+    p.add_argument("name", help="the approver (public key releases/trusted_keys/<name>.pub)")
+    p.add_argument(
+        "--key", type=Path, required=True, help="YOUR private key (a key in force) that signs the change"
+    )
+    p.add_argument("--reason", default="", help="why (required for revoke; recorded in releases/trust.jsonl)")
 
 
-def _revoke(args: argparse.Namespace) -> int:
+def _trust(args: argparse.Namespace) -> int:
     from clap.release import control as release
 
-    row = release.revoke(Path.cwd(), args.name, args.reason)
-    print(
-        f"revoked {row['approver']}'s key (sha256 {row['key_sha256'][:12]}) after event {row['after_event']}; "
-        f"commit {row['commit'][:12]}"
+    root = Path.cwd()
+    event = release.change_trust(
+        root, args.action, args.name, args.key, release.load_params(root), args.reason
     )
+    signed = ", ".join(event["signers"])
+    state = (
+        f"pending in releases/trust_pending.json: {event['missing']} more signature(s) of keys in force needed"
+        if event["missing"]
+        else "in force (releases/trust.jsonl)"
+    )
+    print(f"{args.action} {args.name} (sha256 {event['key_sha256'][:12]}), signed by {signed}: {state}; "
+          f"commit {event['commit'][:12]}")  # fmt: skip
     return 0
 
 
@@ -129,7 +147,11 @@ def _approve(args: argparse.Namespace) -> int:
 def _release_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("batch")
     p.add_argument(
-        "--token", required=True, help="the approval token from `clap approve` ('-' reads it from stdin)"
+        "--token",
+        required=True,
+        action="append",
+        help="an approval token from `clap approve` ('-' reads one from stdin); repeat it once per approver "
+        "(release.approvals_required distinct approvers, capped by the keys in force)",
     )
     p.add_argument(
         "--signing-key",
@@ -151,11 +173,11 @@ def _release(args: argparse.Namespace) -> int:
     from clap.release import control as release
 
     root = Path.cwd()
-    token = sys.stdin.read() if args.token == "-" else args.token
+    tokens = [sys.stdin.read() if t == "-" else t for t in args.token]
     event = release.release(
         root,
         args.batch,
-        token,
+        tokens,
         release.load_params(root),
         signing_key=args.signing_key,
         uncertified=args.uncertified,
@@ -435,10 +457,10 @@ SUBCOMMANDS: dict[
         _signing_keygen_args,
         _signing_keygen,
     ),
-    "revoke": (
-        "revoke an approver's key: nothing it signed backs production any more",
-        _revoke_args,
-        _revoke,
+    "trust": (
+        "sign a key change (add an approver's key, or revoke one); it takes effect at release.key_quorum signatures",
+        _trust_args,
+        _trust,
     ),
     "approve": ("sign a single-use approval of a batch's gate decision", _approve_args, _approve),
     "release": ("verify an approval and put the batch in production", _release_args, _release),

@@ -27,6 +27,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TINY_SEED = 1234
 
 
+@pytest.fixture(autouse=True, scope="session")
+def trust_root_file(tmp_path_factory):
+    """The session's trust-root pin file ($CLAP_TRUST_ROOT_FILE, outside every test repository):
+    approver keys that fixtures create for readers of releases/ pin themselves here
+    (``release_fixtures.sign_release``), and a developer's own ~/.config/clap/trust_root or
+    $CLAP_TRUST_ROOT never leaks into a test."""
+    from clap.release.trust import ROOT_ENV, ROOT_FILE_ENV
+
+    path = tmp_path_factory.mktemp("trust_root") / "trust_root"
+    path.write_text("")
+    saved = {k: os.environ.pop(k, None) for k in (ROOT_ENV, ROOT_FILE_ENV)}
+    os.environ[ROOT_FILE_ENV] = str(path)
+    yield path
+    for k, v in saved.items():
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Path:
     """Path of the session's tiny base model folder (read-only)."""

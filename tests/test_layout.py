@@ -97,7 +97,7 @@ def test_stage_deps_cover_every_file_the_stage_imports():
 
 
 def test_stages_that_verify_the_incumbent_depend_on_all_release_state():
-    """`clap revoke` or a new trusted key must re-run every stage that verifies the production pointer:
+    """`clap trust` (a key added or revoked) must re-run every stage that verifies the production pointer:
     a stage given a releases/ path (stages take every path as an argument) verifies it with
     clap/release/registry.py, which reads the history, the approval ledger, the trusted and the revoked
     keys too, so it depends on the whole folder, not on the pointer alone."""

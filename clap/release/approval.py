@@ -122,7 +122,7 @@ def _raw(key: Ed25519PublicKey) -> bytes:
 
 
 def key_sha256(key: Ed25519PublicKey) -> str:
-    """A public key's fingerprint: sha256 of its 32 raw bytes (what ``releases/revoked_keys.jsonl`` names)."""
+    """A public key's fingerprint: sha256 of its 32 raw bytes (what pins and ``releases/trust.jsonl`` name)."""
     return hashlib.sha256(_raw(key)).hexdigest()
 
 

@@ -40,7 +40,7 @@ import hashlib
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,7 +56,6 @@ from clap.release.approval import (
     check_binding,
     key_sha256,
     load_private_key,
-    load_trusted_keys,
     mint_token,
     verify_token,
 )
@@ -77,10 +76,9 @@ from clap.release.registry import (
     LEDGER,
     POINTER,
     RELEASES,
-    REVOKED,
     TRUSTED,
     read_history,
-    read_revoked,
+    read_trust,
     recorded_base_sha256,
     release_stack,
 )
@@ -93,6 +91,7 @@ from clap.release.signing import (
     require_covers,
     sign_adapter,
 )
+from clap.release.trust import PENDING, TRUST_LOG, propose, required, signers
 
 HANDOFF = RELEASES / "handoff"
 
@@ -109,10 +108,22 @@ class ReleaseParams:
     approval_ttl_s: int
     max_approval_ttl_s: int
     rollback_to_base: bool  # the only release rolled back: the base model serves (else refused)
+    key_quorum: int  # signatures of keys in force a key change needs (capped by the keys in force)
+    approvals_required: int  # distinct approvers a release needs (capped by the keys in force)
     card: CardParams
     cost: CostParams
 
     def __post_init__(self) -> None:
+        if (
+            not (isinstance(self.key_quorum, int) and isinstance(self.approvals_required, int))
+            or min(self.key_quorum, self.approvals_required) < 1
+        ):
+            raise ClapError(
+                "release.key_quorum and release.approvals_required must be integers >= 1",
+                file="params.yaml",
+                column="release",
+                rule="bad_params",
+            )
         if not isinstance(self.rollback_to_base, bool):
             raise ClapError(
                 f"release.rollback_to_base must be true or false, got {self.rollback_to_base!r}",
@@ -370,7 +381,7 @@ def _require_releasable_state(root: Path, binding: Binding) -> None:
     )
     vcs.require_committed(
         root,
-        [POINTER, HISTORY, LEDGER, TRUSTED],
+        [POINTER, HISTORY, LEDGER, TRUSTED, TRUST_LOG],
         "releases/ has uncommitted changes (trusted keys count only once committed)",
     )
     _require_fresh_evaluation(root, batch)
@@ -411,13 +422,13 @@ def _refusal_of_decision(root: Path, batch: str, decision: str) -> ClapError:
 
 
 def _refuse_revoked(root: Path, name: str, key: Any) -> None:
-    """A key listed in releases/revoked_keys.jsonl approves nothing, under whatever name it is trusted."""
-    row = read_revoked(root).get(key_sha256(key))
+    """A key the trust log revoked approves nothing, under whatever name it is trusted."""
+    row = read_trust(root).revoked.get(key_sha256(key))
     if row is not None:
         raise ClapError(
             f"approval refused: the key of {name!r} (sha256 {key_sha256(key)[:12]}…) was revoked "
-            f"({row.get('reason') or 'no reason given'}, {row.get('revoked_at', 'at an unknown time')})",
-            file=REVOKED,
+            f"({row.get('reason') or 'no reason given'}, after history event {row['after_event']})",
+            file=TRUST_LOG,
             rule="key_revoked",
         )
 
@@ -455,7 +466,7 @@ def approve(root: Path, batch: str, key_path: Path, ttl_s: int | None, p: Releas
         )
     _require_releasable_state(root, binding)
     key = load_private_key(key_path)
-    trusted = load_trusted_keys(root / TRUSTED)
+    trusted = read_trust(root).keys
     issuer = approver_of(key, trusted)
     _refuse_revoked(root, issuer, trusted[issuer])
     return mint_token(key, issuer, binding, audience=p.audience, ttl_s=ttl, now=now)
@@ -464,27 +475,46 @@ def approve(root: Path, batch: str, key_path: Path, ttl_s: int | None, p: Releas
 # ---------------------------------------------------------------- release
 
 
-def _verified_claims(root: Path, batch: str, token: str, p: ReleaseParams) -> tuple[dict[str, Any], Binding]:
-    """Every check on the token and the artifacts; returns the claims and the current binding."""
-    trusted = load_trusted_keys(root / TRUSTED)
-    claims = verify_token(token.strip(), trusted, audience=p.audience, max_ttl_s=p.max_approval_ttl_s)
-    _refuse_revoked(root, claims["iss"], trusted[claims["iss"]])
-    if claims["batch"] != batch:
+def _verified_claims(
+    root: Path, batch: str, tokens: Sequence[str], p: ReleaseParams
+) -> tuple[list[dict[str, Any]], Binding]:
+    """Every check on the tokens and the artifacts: each token verified, unused and bound to the
+    artifacts on disk, by ``min(release.approvals_required, keys in force)`` distinct approvers;
+    returns their claims (in the order given) and the current binding."""
+    trust = read_trust(root)
+    in_force = trust.in_force()
+    all_claims = []
+    for token in tokens:
+        claims = verify_token(token.strip(), trust.keys, audience=p.audience, max_ttl_s=p.max_approval_ttl_s)
+        _refuse_revoked(root, claims["iss"], trust.keys[claims["iss"]])
+        if claims["batch"] != batch:
+            raise ClapError(
+                f"approval token refused: it approves batch {claims['batch']!r}, not {batch!r}",
+                rule="wrong_batch",
+            )
+        if _was_used(root, claims["jti"]):
+            raise ClapError(
+                f"approval token refused: approval {claims['jti']} was already used (tokens are single-use)",
+                rule="replayed_token",
+            )
+        all_claims.append(claims)
+    approvers = [c["iss"] for c in all_claims]
+    need = required(p.approvals_required, len(in_force))
+    if len(set(approvers)) < len(approvers) or len(approvers) < need:
         raise ClapError(
-            f"approval token refused: it approves batch {claims['batch']!r}, not {batch!r}",
-            rule="wrong_batch",
-        )
-    if _was_used(root, claims["jti"]):
-        raise ClapError(
-            f"approval token refused: approval {claims['jti']} was already used (tokens are single-use)",
-            rule="replayed_token",
+            f"release of {batch} refused: approved by {approvers or 'nobody'}; {need} distinct approvers needed "
+            f"(release.approvals_required {p.approvals_required}, {len(in_force)} keys in force: "
+            f"{', '.join(sorted(in_force))}). Each approver runs `clap approve {batch} --key <their key>`; "
+            "pass every token with --token",
+            rule="approvals_required",
         )
     binding = current_binding(root, batch)
     if binding.decision not in RELEASABLE:
         raise _refusal_of_decision(root, batch, binding.decision)
-    check_binding(claims, binding)
+    for claims in all_claims:
+        check_binding(claims, binding)
     _require_releasable_state(root, binding)
-    return claims, binding
+    return all_claims, binding
 
 
 def _require_certified(root: Path, batch: str, uncertified: str) -> dict[str, str]:
@@ -506,14 +536,22 @@ def _require_certified(root: Path, batch: str, uncertified: str) -> dict[str, st
 
 
 def release(
-    root: Path, batch: str, token: str, p: ReleaseParams, *, signing_key: Path, uncertified: str = ""
+    root: Path,
+    batch: str,
+    tokens: str | Sequence[str],
+    p: ReleaseParams,
+    *,
+    signing_key: Path,
+    uncertified: str = "",
 ) -> dict[str, Any]:
-    """Release ``batch`` under the approval ``token`` and commit ``releases/``.
+    """Release ``batch`` under the approval ``tokens`` and commit ``releases/``.
 
     Args:
         root: repository root (a git repository).
         batch: the batch to put in production.
-        token: the approval from ``clap approve``.
+        tokens: the approvals from ``clap approve``, one per approver:
+            ``min(release.approvals_required, keys in force)`` distinct ones. The first is the
+            one the pointer names (``approval_id``, ``approver``).
         p: release params.
         signing_key: the EC P-256 private key (PEM) that signs the adapter folder in the
             OpenSSF model-signing format (:mod:`clap.release.signing`); the signature and the
@@ -534,7 +572,9 @@ def release(
     root = Path(root)
     load_signing_key(signing_key)  # a missing or wrong key is refused before anything else
     with _locked(root):
-        claims, binding = _verified_claims(root, batch, token, p)
+        tokens = [tokens] if isinstance(tokens, str) else list(tokens)
+        every, binding = _verified_claims(root, batch, tokens, p)
+        claims = every[0]
         override = _require_certified(root, batch, uncertified)
         pointer = read_pointer(root)
         if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
@@ -576,7 +616,10 @@ def release(
             "event": "release",
             "pointer": new_pointer,
             "previous_batch": pointer.get("batch"),
-            "token": token.strip(),  # the signed approval: readers of releases/ re-verify it (registry.py)
+            "token": tokens[
+                0
+            ].strip(),  # the signed approvals: readers of releases/ re-verify them (registry.py)
+            **({"co_tokens": [t.strip() for t in tokens[1:]]} if len(tokens) > 1 else {}),
             # which bytes were released, signed in the OpenSSF model-signing format (registry.py checks it)
             "model_signature": signature.record(sig_path, pub_path),
             **override,
@@ -590,13 +633,10 @@ def release(
             (f"{GTO_ARTIFACT}#{GTO_STAGE}#{_gto_counter(root)}", _assign_message(version, detail)),
         ]
         _refuse_taken(root, [name for name, _ in tags])
-        used = {
-            "jti": claims["jti"],
-            "batch": batch,
-            "approver": claims["iss"],
-            "exp": claims["exp"],
-            "used_at": event["at"],
-        }
+        used = [
+            {"jti": c["jti"], "batch": batch, "approver": c["iss"], "exp": c["exp"], "used_at": event["at"]}
+            for c in every
+        ]
         return _record(
             root,
             event,
@@ -639,7 +679,7 @@ def _record(
     event: dict[str, Any],
     handoff: Handoff,
     message: str,
-    used: dict[str, Any] | None = None,
+    used: list[dict[str, Any]] | None = None,
     tags: list[tuple[str, str]] | None = None,
     files: dict[Path, bytes] | None = None,
 ) -> dict[str, Any]:
@@ -657,7 +697,10 @@ def _record(
             io.atomic_write_bytes(root / path, data)
         io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
         if used:
-            io.atomic_write_text(root / LEDGER, _append_line(_text(root / LEDGER), used))
+            ledger = _text(root / LEDGER)
+            for row in used:
+                ledger = _append_line(ledger, row)
+            io.atomic_write_text(root / LEDGER, ledger)
             io.write_json(root / POINTER, event["pointer"])
         commit = _commit(root, paths, message)
         created = _create_tags(root, [(name, commit, text) for name, text in tags or []])
@@ -832,7 +875,7 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
                     rule="no_previous_release",
                 )
             return _rollback_to_base(root, pointer, why)
-        target_key = load_trusted_keys(root / TRUSTED).get(str(stack[-2].get("approver")))
+        target_key = read_trust(root).keys.get(str(stack[-2].get("approver")))
         if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
             try:
                 _refuse_revoked(root, str(stack[-2].get("approver")), target_key)
@@ -949,46 +992,51 @@ def _rollback_to_base(root: Path, pointer: dict[str, Any], why: dict[str, Any]) 
 # ---------------------------------------------------------------- keygen, revoke and handoff
 
 
-def revoke(root: Path, name: str, reason: str) -> dict[str, Any]:
-    """Revoke approver ``name``'s key: append it to ``releases/revoked_keys.jsonl`` and commit.
+def change_trust(
+    root: Path, action: str, name: str, key_path: Path, p: ReleaseParams, reason: str = ""
+) -> dict[str, Any]:
+    """Sign the key change ``action`` (``add`` or ``revoke``) of approver ``name`` with the private
+    key at ``key_path`` and commit it (:mod:`clap.release.trust`).
 
-    The row names the key by fingerprint (sha256 of its raw bytes) and ``after_event``, the
-    number of history events already recorded: releases before it remain valid history, but
-    nothing the key signed is accepted after it or as the production pointer (serve, eval's
-    incumbent and ``clap registry-check`` refuse), whatever name the key is trusted under. Its
-    ``.pub`` stays in ``trusted_keys`` so the history it signed still verifies; the file is
-    append-only (``clap registry-check`` refuses a commit that drops a row).
+    A change needs ``min(release.key_quorum, keys in force)`` signatures of keys in force; until it
+    has them it waits in ``releases/trust_pending.json`` (each signer runs this command, or
+    ``clap trust``, in turn), then it is appended to ``releases/trust.jsonl``. A revoked key's
+    ``.pub`` stays in ``trusted_keys`` so the history it signed still verifies; nothing it signed
+    is accepted after the revocation (``after_event``) or as the production pointer, whatever
+    name it is filed under.
 
     Returns:
-        The row written, plus ``commit``.
+        The event, plus ``missing`` (signatures still needed; 0: in force) and ``commit``.
     """
     root = Path(root)
-    if not reason.strip():
+    if action == "revoke" and not reason.strip():
         raise ClapError("say why the key is revoked (--reason)", rule="bad_reason")
     with _locked(root):
         vcs.require_committed(
-            root, [POINTER, HISTORY, LEDGER, TRUSTED, REVOKED], "releases/ has uncommitted changes"
+            root, [POINTER, HISTORY, LEDGER, TRUSTED, TRUST_LOG, PENDING], "releases/ has uncommitted changes"
         )
-        trusted = load_trusted_keys(root / TRUSTED)
-        if name not in trusted:
-            raise ClapError(
-                f"no trusted key {name!r}: releases/trusted_keys/{name}.pub does not exist",
-                rule="missing_key",
+        changes, event, missing = propose(
+            root,
+            action,
+            name,
+            load_private_key(key_path),
+            p.key_quorum,
+            n_history=len(read_history(root)),
+            reason=reason.strip(),
+        )
+        files = {path: text for path, text in changes.items() if text is not None or (root / path).exists()}
+        signer = signers(event, read_trust(root).keys)
+        state = f"{missing} more signature(s) needed" if missing else "in force"
+        with _transaction(root, list(files)):
+            for path, text in files.items():
+                if text is None:
+                    (root / path).unlink(missing_ok=True)
+                else:
+                    io.atomic_write_text(root / path, text)
+            commit = _commit(
+                root, list(files), f"trust: {action} {name} (signed by {', '.join(signer)}; {state})"
             )
-        fingerprint = key_sha256(trusted[name])
-        if fingerprint in read_revoked(root):
-            raise ClapError(f"the key of {name!r} is already revoked", file=REVOKED, rule="already_revoked")
-        row = {
-            "approver": name,
-            "key_sha256": fingerprint,
-            "after_event": len(read_history(root)),
-            "revoked_at": _now(),
-            "reason": reason.strip(),
-        }
-        with _transaction(root, [REVOKED]):
-            io.atomic_write_text(root / REVOKED, _append_line(_text(root / REVOKED), row))
-            commit = _commit(root, [REVOKED], f"revoke approver {name}: {reason.strip()}")
-        return {**row, "commit": commit}
+        return {**event, "signers": signer, "missing": missing, "commit": commit}
 
 
 def _require_ignored(root: Path, probe: Path) -> None:

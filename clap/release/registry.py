@@ -5,10 +5,12 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
 
 - ``releases/history.jsonl`` holds exactly one ``release`` event with the pointer's approval id,
   and that event's pointer is the production pointer, field for field;
-- the approval token recorded with that event is signed by a key in ``releases/trusted_keys``
-  (a key removed from there no longer verifies anything) that ``releases/revoked_keys.jsonl``
-  does not revoke (by the key's fingerprint, so re-adding it under another name does not help),
-  its issuer is that key's owner, its audience is params ``release.audience`` and it was used (the ledger's
+- the approval tokens recorded with that event are signed by keys in force: established from the
+  root pinned outside the repository through ``releases/trust.jsonl`` (:mod:`clap.release.trust`;
+  a key file in ``releases/trusted_keys`` is key material, not trust) and not revoked there (by
+  the key's fingerprint, so re-adding it under another name does not help), by
+  ``min(release.approvals_required, keys in force)`` distinct approvers; each token's
+  issuer is that key's owner, its audience is params ``release.audience`` and it was used (the ledger's
   ``used_at``) inside its validity window;
 - ``releases/approvals_used.jsonl`` has exactly one entry for the approval id (single use);
 - every hash the token binds (adapter, adapter config, evaluation record, evidence bundle, base
@@ -22,7 +24,7 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
 
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
 (:func:`check_registry`) replays the whole history with the same checks, commit by commit
-through git (every commit that changed ``releases/``; history, ledger and revocations may only
+through git (every commit that changed ``releases/``; history, ledger and trust log may only
 grow), then the working tree; it also checks each release's model signature (the OpenSSF
 model-signing bundle ``releases/handoff/<batch>/model.sig``, when the release recorded one) at the
 commit that recorded it, and that no later commit replaced it.
@@ -33,10 +35,8 @@ it without the release machinery (git, DVC, handoff).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -50,14 +50,15 @@ import jwt
 from clap import io, params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
-from clap.release.approval import BINDING_CLAIMS, RELEASABLE, key_sha256, load_trusted_keys, verify_token
+from clap.release.approval import BINDING_CLAIMS, RELEASABLE, key_sha256, verify_token
+from clap.release.trust import TRUST_LOG, Trust, required, signers
+from clap.release.trust import replay as replay_trust
 
 RELEASES = Path("releases")
 POINTER = RELEASES / "production.json"
 HISTORY = RELEASES / "history.jsonl"
 LEDGER = RELEASES / "approvals_used.jsonl"
 TRUSTED = RELEASES / "trusted_keys"
-REVOKED = RELEASES / "revoked_keys.jsonl"
 ADAPTERS = Path("models/adapters")
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -139,77 +140,70 @@ def read_pointer_file(root: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Registry:
-    """What a verification reads once: history, ledger, trusted and revoked keys and the release params."""
+    """What a verification reads once: history, ledger, the replayed trust and the release params."""
 
     history: list[dict[str, Any]]
     ledger: list[dict[str, Any]]
-    trusted: dict
+    trust: Trust
     audience: str
     max_ttl_s: int
-    revoked: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # by key_sha256
+    approvals_required: (
+        int  # params release.approvals_required: distinct approvers per release (capped by keys in force)
+    )
+
+    @property
+    def trusted(self) -> dict:
+        """Every key the trust log ever established, by name (revoked ones verify their past)."""
+        return self.trust.keys
+
+    @property
+    def revoked(self) -> dict[str, dict[str, Any]]:
+        """Revocations by key fingerprint: ``approver``, ``key_sha256``, ``after_event``, ``reason``."""
+        return self.trust.revoked
 
 
-def read_revoked(root: Path, history_length: int | None = None) -> dict[str, dict[str, Any]]:
-    """``releases/revoked_keys.jsonl`` by key fingerprint; a malformed row is an error.
-
-    Each row names the revoked key's fingerprint (``key_sha256``, :func:`key_sha256`) and
-    ``after_event``: the number of history events recorded before the revocation (releases at
-    those positions stay valid history; nothing the key approved is accepted after it, nor as
-    the production pointer).
-    """
-    path = Path(root) / REVOKED
-    revoked: dict[str, dict[str, Any]] = {}
-    for n, row in enumerate(read_jsonl(path), start=1):
-        sha, after = row.get("key_sha256"), row.get("after_event")
-        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise ClapError(
-                "key_sha256 must be 64 hex digits",
-                file=path,
-                row=n,
-                column="key_sha256",
-                rule="corrupt_jsonl",
-            )
-        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
-            raise ClapError(
-                "after_event must be an integer >= 0",
-                file=path,
-                row=n,
-                column="after_event",
-                rule="corrupt_jsonl",
-            )
-        if history_length is not None and after > history_length:
-            raise ClapError(
-                f"after_event {after} is beyond history.jsonl's {history_length} events",
-                file=path,
-                row=n,
-                column="after_event",
-                rule="corrupt_jsonl",
-            )
-        revoked.setdefault(sha, row)  # the earliest revocation of a key counts
-    return revoked
-
-
-def _load(root: Path, params_root: Path | None = None) -> _Registry:
-    root = Path(root)
-    params_file = Path(params_root if params_root is not None else root) / "params.yaml"
+def release_params(params_file: Path) -> dict[str, Any]:
+    """What verifying approvals reads from params ``release``: audience, max_approval_ttl_s,
+    key_quorum and approvals_required (each an error when missing)."""
     section = params.raw_section("release", params_file)
     try:
-        audience, max_ttl = section["audience"], int(section["max_approval_ttl_s"])
+        return {
+            "audience": str(section["audience"]),
+            "max_ttl_s": int(section["max_approval_ttl_s"]),
+            "key_quorum": int(section["key_quorum"]),
+            "approvals_required": int(section["approvals_required"]),
+        }
     except (KeyError, TypeError, ValueError) as e:
         raise ClapError(
-            "params release needs audience and max_approval_ttl_s to verify approvals",
+            "params release needs audience, max_approval_ttl_s, key_quorum and approvals_required to verify approvals",
             file=params_file,
             column="release",
             rule="bad_params",
         ) from e
+
+
+def read_trust(root: Path, params_root: Path | None = None, history_length: int | None = None) -> Trust:
+    """The keys in force, replayed from the pinned root through ``releases/trust.jsonl``
+    (:mod:`clap.release.trust`) under params ``release.key_quorum``."""
+    params_file = Path(params_root if params_root is not None else root) / "params.yaml"
+    return replay_trust(root, release_params(params_file)["key_quorum"], n_history=history_length)
+
+
+def _load(root: Path, params_root: Path | None = None) -> _Registry:
+    root = Path(root)
+    rp = release_params(Path(params_root if params_root is not None else root) / "params.yaml")
     history = read_history(root)
+    nothing_signed = not (root / TRUST_LOG).exists() and not any(e.get("event") == "release" for e in history)
     return _Registry(
         history,
         read_jsonl(root / LEDGER),
-        load_trusted_keys(root / TRUSTED),
-        audience,
-        max_ttl,
-        read_revoked(root, len(history)),
+        # no release and no key change: nothing to verify, so no trust root is needed yet
+        Trust({}, {}, {}, [], "")
+        if nothing_signed
+        else replay_trust(root, rp["key_quorum"], n_history=len(history)),
+        rp["audience"],
+        rp["max_ttl_s"],
+        rp["approvals_required"],
     )
 
 
@@ -231,28 +225,12 @@ def _diff(approved: dict[str, Any], other: dict[str, Any], other_name: str, keys
     ]
 
 
-def verify_release_event(
-    event: dict[str, Any], reg: _Registry, position: int | None = None
+def _verified_approval(
+    token: Any, reg: _Registry, what: str, batch: str, position: int | None, index: int
 ) -> dict[str, Any]:
-    """Check one ``release`` event of history.jsonl; return its verified token claims.
-
-    Args:
-        event: the release event.
-        reg: what the registry holds.
-        position: the event's 0-based index in history.jsonl, for replaying history: a release
-            recorded before its key's revocation stays valid history. None (the production
-            pointer) refuses any approval by a revoked key.
-
-    Raises:
-        ClapError: no token, a signature by no trusted key or by a revoked one, a token not used
-            exactly once, used outside its validity, or bound to hashes other than the event's pointer.
-    """
-    pointer = event.get("pointer")
-    if not isinstance(pointer, dict) or not pointer.get("batch"):
-        raise ClapError("a release event without a pointer", file=HISTORY, rule="inconsistent_releases")
-    batch, jti = pointer["batch"], pointer.get("approval_id")
-    what = f"release of batch {batch} (approval {jti})"
-    token = event.get("token")
+    """One approval token of a release: signed by a key in force at history event ``index`` (not
+    revoked at all when ``position`` is None: the production pointer), used exactly once, for this
+    batch, inside its validity; its claims."""
     if not isinstance(token, str) or not token:
         raise ClapError(
             f"no approval for {what}: history.jsonl records no signed approval token for it",
@@ -265,7 +243,7 @@ def verify_release_event(
         )
     except ClapError as e:
         raise ClapError(
-            f"{what}: {e.args[0]} (a key removed from releases/trusted_keys is revoked)",
+            f"{what}: {e.args[0]} (only keys the trust log established verify: releases/trust.jsonl)",
             file=HISTORY,
             rule=e.rule,
         ) from e
@@ -274,29 +252,19 @@ def verify_release_event(
         where = "the production pointer" if position is None else f"event {position + 1} of history.jsonl"
         raise ClapError(
             f"{what}: approved by {claims['iss']}'s key (sha256 {revoked['key_sha256'][:12]}…), revoked in "
-            f"releases/revoked_keys.jsonl after event {revoked['after_event']} "
+            f"releases/trust.jsonl after event {revoked['after_event']} "
             f"({revoked.get('reason') or 'no reason given'}): it cannot back {where}",
-            file=REVOKED,
+            file=TRUST_LOG,
             rule="key_revoked",
         )
-    if claims["decision"] not in RELEASABLE:
+    if reg.trust.since[claims["iss"]] > index:
         raise ClapError(
-            f"{what}: the token approves decision {claims['decision']!r}", file=HISTORY, rule="not_releasable"
+            f"{what}: approved by {claims['iss']}, whose key the trust log adds only after history event "
+            f"{reg.trust.since[claims['iss']]}",
+            file=TRUST_LOG,
+            rule="untrusted_key",
         )
-    if claims["sub"] != f"sha256:{claims['adapter_sha256']}":
-        raise ClapError(f"{what}: the token's sub does not name its adapter hash", rule="bad_token")
-    bad = _diff(
-        {**claims, "approval_id": claims["jti"], "approver": claims["iss"]},
-        pointer,
-        "pointer",
-        ["approval_id", "approver", *BINDING_CLAIMS],
-    )
-    if bad:
-        raise ClapError(
-            f"{what}: the released pointer is not what the token approved: " + "; ".join(bad),
-            file=HISTORY,
-            rule="binding_mismatch",
-        )
+    jti = claims["jti"]
     used = [row for row in reg.ledger if row.get("jti") == jti]
     if len(used) != 1:
         raise ClapError(
@@ -318,6 +286,67 @@ def verify_release_event(
             f"(nbf {claims['nbf']}, exp {claims['exp']})",
             file=LEDGER,
             rule="bad_token",
+        )
+    return claims
+
+
+def verify_release_event(
+    event: dict[str, Any], reg: _Registry, position: int | None = None
+) -> dict[str, Any]:
+    """Check one ``release`` event of history.jsonl; return its first approval's verified claims.
+
+    The event carries ``token`` (the approval its pointer names) and ``co_tokens`` (the others):
+    together ``min(release.approvals_required, keys in force)`` approvals by distinct approvers,
+    each verified alike and bound to the same hashes.
+
+    Args:
+        event: the release event.
+        reg: what the registry holds.
+        position: the event's 0-based index in history.jsonl, for replaying history: a release
+            recorded before its key's revocation stays valid history. None (the production
+            pointer) refuses any approval by a revoked key.
+
+    Raises:
+        ClapError: no token, a signature by no key in force or by a revoked one, a token not used
+            exactly once, used outside its validity, bound to hashes other than the event's
+            pointer, or fewer distinct approvers than required.
+    """
+    pointer = event.get("pointer")
+    if not isinstance(pointer, dict) or not pointer.get("batch"):
+        raise ClapError("a release event without a pointer", file=HISTORY, rule="inconsistent_releases")
+    batch, jti = pointer["batch"], pointer.get("approval_id")
+    what = f"release of batch {batch} (approval {jti})"
+    index = position if position is not None else next(i for i, e in enumerate(reg.history) if e is event)
+    claims = _verified_approval(event.get("token"), reg, what, batch, position, index)
+    if claims["decision"] not in RELEASABLE:
+        raise ClapError(
+            f"{what}: the token approves decision {claims['decision']!r}", file=HISTORY, rule="not_releasable"
+        )
+    if claims["sub"] != f"sha256:{claims['adapter_sha256']}":
+        raise ClapError(f"{what}: the token's sub does not name its adapter hash", rule="bad_token")
+    bad = _diff(
+        {**claims, "approval_id": claims["jti"], "approver": claims["iss"]},
+        pointer,
+        "pointer",
+        ["approval_id", "approver", *BINDING_CLAIMS],
+    )
+    co = [_verified_approval(t, reg, what, batch, position, index) for t in event.get("co_tokens") or []]
+    bad += [f"co-approval {c['jti']} by {c['iss']}: " + "; ".join(_diff(claims, c, "it", BINDING_CLAIMS))
+            for c in co if _diff(claims, c, "it", BINDING_CLAIMS)]  # fmt: skip
+    if bad:
+        raise ClapError(
+            f"{what}: the released pointer is not what the tokens approved: " + "; ".join(bad),
+            file=HISTORY,
+            rule="binding_mismatch",
+        )
+    approvers = [claims["iss"], *(c["iss"] for c in co)]
+    need = required(reg.approvals_required, len(reg.trust.in_force(index)))
+    if len(set(approvers)) < need or len(set(approvers)) < len(approvers):
+        raise ClapError(
+            f"{what}: approved by {approvers}; {need} distinct approvers needed (release.approvals_required "
+            f"{reg.approvals_required}, {len(reg.trust.in_force(index))} keys in force)",
+            file=HISTORY,
+            rule="approvals_required",
         )
     return claims
 
@@ -546,6 +575,7 @@ def _check_state(
     emit: Callable[[str], None] | None,
     *,
     first: int = 0,
+    first_trust: int = 0,
     label: str = "",
     current: bool = True,
 ) -> tuple[_Registry, dict[str, Any]]:
@@ -558,6 +588,10 @@ def _check_state(
     (the commit that revokes the key behind production is history, not a fault).
     """
     reg = _load(root, params_root)
+    for event in reg.trust.events[first_trust:] if emit is not None else []:
+        signed = ", ".join(signers(event, reg.trust.keys))
+        emit(f"{label}trust {event['seq']}: {event['action']} {event['name']} (sha256 {event['key_sha256'][:12]}…) "
+             f"after history event {event['after_event']}, signed by {signed}")  # fmt: skip
     stack = _replay(root, reg, emit, verify_each=True, first=first, label=label)
     pointer = read_pointer_file(root)
     if pointer["batch"] is None:
@@ -604,8 +638,8 @@ def recorded_base_sha256(root: Path) -> str | None:
 
 # ---------------------------------------------------------------- git: releases/ commit by commit
 
-REGISTRY_FILES = (POINTER, HISTORY, LEDGER, REVOKED)
-APPEND_ONLY = (HISTORY, LEDGER, REVOKED)
+REGISTRY_FILES = (POINTER, HISTORY, LEDGER, TRUST_LOG)
+APPEND_ONLY = (HISTORY, LEDGER, TRUST_LOG)
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -652,29 +686,29 @@ def _rows(data: bytes | None, where: str, path: Path) -> list[Any]:
 def _require_append_only(
     parent_rows: dict[Path, list[Any]], child_rows: dict[Path, list[Any]], parent_name: str
 ) -> None:
-    """history, ledger and revocations only grow: every row of the parent stays, in place."""
+    """history, ledger and trust log only grow: every row of the parent stays, in place."""
     for path in APPEND_ONLY:
         before, after = parent_rows[path], child_rows[path]
         if after[: len(before)] != before:
             n = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(after))
             raise ClapError(
                 f"{path} is append-only, but row {n + 1} of {parent_name} was removed or rewritten "
-                "(history, ledger and revocations can only grow: a `git revert` of a release, or a rewrite "
-                "around a revoked key, is refused; use `clap rollback`)",
+                "(history, ledger and trust log can only grow: a `git revert` of a release, or a rewrite "
+                "around a key change, is refused; use `clap rollback`)",
                 file=path,
                 row=n + 1,
                 rule="rewritten_history",
             )
     history_before = len(parent_rows[HISTORY])
     for n, row in enumerate(
-        child_rows[REVOKED][len(parent_rows[REVOKED]) :], start=len(parent_rows[REVOKED]) + 1
+        child_rows[TRUST_LOG][len(parent_rows[TRUST_LOG]) :], start=len(parent_rows[TRUST_LOG]) + 1
     ):
         after = row.get("after_event") if isinstance(row, dict) else None
         if isinstance(after, int) and after > history_before:
             raise ClapError(
-                f"a revocation dated after_event {after}, but {parent_name} had {history_before} events: "
-                "a revocation cannot vouch for releases recorded with it or later",
-                file=REVOKED,
+                f"a key change dated after_event {after}, but {parent_name} had {history_before} events: "
+                "a key change cannot vouch for releases recorded with it or later",
+                file=TRUST_LOG,
                 row=n,
                 column="after_event",
                 rule="rewritten_history",
@@ -914,7 +948,7 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
     Every commit that changed ``releases/`` (merges and side branches included) is replayed:
     its history must verify as :func:`_check_state` says (each release signed by a trusted,
     unrevoked key, used once, hashes bound; each rollback back to the previous release; the
-    pointer the release in effect) and its history, ledger and revocations must extend each
+    pointer the release in effect) and its history, ledger and trust log must extend each
     parent's; each new release's model signature must be the one committed with it, verify with its
     public key and sign the approved adapter and config, and each batch's signature files must stay
     those of its last release. One line per release, rollback, hold and model signature, prefixed
@@ -944,9 +978,16 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
             try:
                 child = _committed_rows(root, sha)
                 _materialize(root, sha, Path(tmp))
-                before = len(_committed_rows(root, parents[0])[HISTORY]) if parents else 0
+                parent = _committed_rows(root, parents[0]) if parents else None
+                before = len(parent[HISTORY]) if parent else 0
                 reg, _ = _check_state(
-                    Path(tmp), root, emit, first=before, label=f"{sha[:12]} ", current=False
+                    Path(tmp),
+                    root,
+                    emit,
+                    first=before,
+                    first_trust=len(parent[TRUST_LOG]) if parent else 0,
+                    label=f"{sha[:12]} ",
+                    current=False,
                 )
                 _check_new_releases(
                     root,
@@ -967,7 +1008,14 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
                 raise _in_commit(sha, subject, e, tmp) from e
     head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
     try:
-        reg, pointer = _check_state(root, root, emit, first=len(head[HISTORY]), label="working tree ")
+        reg, pointer = _check_state(
+            root,
+            root,
+            emit,
+            first=len(head[HISTORY]),
+            first_trust=len(head[TRUST_LOG]),
+            label="working tree ",
+        )
         _check_new_releases(
             root,
             reg.history,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,8 @@ RELEASE_PARAMS = {
     "approval_ttl_s": 600,
     "max_approval_ttl_s": 3600,
     "rollback_to_base": False,
+    "key_quorum": 2,
+    "approvals_required": 2,
     "card": {
         "license": "apache-2.0",
         "task": "question answering (JSON)",
@@ -196,10 +199,27 @@ def build_template(base: Path) -> Path:
     return repo
 
 
-def copy_template(template_base: Path, dest_base: Path) -> Path:
-    """A private copy of the template (repo, keys, remote); returns the repo path."""
+def copy_template(template_base: Path, dest_base: Path, monkeypatch=None) -> Path:
+    """A private copy of the template (repo, keys, remote); returns the repo path. With
+    ``monkeypatch``, alice's key is pinned as the trust root ($CLAP_TRUST_ROOT)."""
     shutil.copytree(template_base, dest_base, symlinks=True, dirs_exist_ok=True)
+    if monkeypatch is not None:
+        pin_root(monkeypatch, dest_base / "repo", "alice")
     return dest_base / "repo"
+
+
+def fingerprint(repo: Path, name: str) -> str:
+    """The key fingerprint of approver ``name`` (releases/trusted_keys/<name>.pub)."""
+    from clap.release.approval import key_sha256, load_trusted_keys
+
+    return key_sha256(load_trusted_keys(repo / "releases" / "trusted_keys")[name])
+
+
+def pin_root(monkeypatch, repo: Path, *names: str) -> None:
+    """Pin ``names``' keys as the trust root, as CI pins it outside the repository."""
+    from clap.release.trust import ROOT_ENV
+
+    monkeypatch.setenv(ROOT_ENV, ",".join(fingerprint(repo, n) for n in names))
 
 
 def snapshot(repo: Path) -> dict:
@@ -215,6 +235,20 @@ def snapshot(repo: Path) -> dict:
         "status": git(repo, "status", "--porcelain"),
         "tags": git(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/tags"),
     }
+
+
+def refused(repo: Path, fn, rule: str) -> str:
+    """``fn()`` raises ClapError with ``rule`` and leaves releases/, HEAD, status and tags unchanged; its message."""
+    import pytest
+
+    from clap.errors import ClapError
+
+    before = snapshot(repo)
+    with pytest.raises(ClapError) as err:
+        fn()
+    assert err.value.rule == rule, str(err.value)
+    assert snapshot(repo) == before
+    return str(err.value)
 
 
 def set_decision(repo: Path, batch: str, decision: str) -> None:
@@ -304,14 +338,26 @@ def sign_release(
     import jwt
 
     from clap import params
-    from clap.release.approval import Binding, generate_keypair, load_private_key, mint_token
+    from clap.release.approval import (
+        Binding,
+        generate_keypair,
+        key_sha256,
+        load_private_key,
+        load_trusted_keys,
+        mint_token,
+    )
+    from clap.release.trust import ROOT_FILE_ENV
 
     releases = root / "releases"
     key_path = key_dir / f"{approver}.key"
     if not key_path.exists():
         key_dir.mkdir(parents=True, exist_ok=True)
         (releases / "trusted_keys").mkdir(parents=True, exist_ok=True)
-        generate_keypair(approver, key_dir, releases / "trusted_keys")
+        _, pub = generate_keypair(approver, key_dir, releases / "trusted_keys")
+        pin = os.environ.get(ROOT_FILE_ENV)  # the session's pin file (tests/conftest.py)
+        if pin:
+            with open(pin, "a", encoding="utf-8") as f:
+                f.write(key_sha256(load_trusted_keys(pub.parent)[approver]) + "\n")
     adapter = (adapters_dir if adapters_dir is not None else root / "models" / "adapters") / batch
     binding = Binding(
         batch=batch,

@@ -32,7 +32,7 @@ X, Y = "2026-01", "2026-02"
 @pytest.fixture
 def repo(tmp_path_factory, tmp_path, monkeypatch):
     clean_git_env(monkeypatch)
-    return copy_template(template_base(tmp_path_factory), tmp_path)
+    return copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
 
 
 def _key(repo):
@@ -179,11 +179,48 @@ def test_token_for_another_batch(repo):
     assert_refused(repo, X, _mint(repo, batch=Y), "wrong_batch")
 
 
-def test_key_added_but_not_committed(repo):
-    """A public key dropped into trusted_keys/ without review does not count."""
+def test_one_committer_cannot_make_a_key_of_their_own_count(repo):
+    """The one-committer attack: mallory (commit access, no trusted key) creates a key, commits its
+    .pub, and signs her own key change; approving, releasing and the registry check all refuse."""
+    from clap.release import trust
+    from clap.release.registry import check_registry
+
     R.keygen(repo, "mallory", repo.parent / "keys")
-    token = _mint(repo, key=load_private_key(repo.parent / "keys" / "mallory.key"), issuer="mallory")
-    assert_refused(repo, X, token, "uncommitted")
+    git(repo, "add", "releases/trusted_keys/mallory.pub")
+    git(repo, "commit", "-q", "-m", "add mallory's key")
+    mallory = load_private_key(repo.parent / "keys" / "mallory.key")
+    with pytest.raises(ClapError) as err:
+        R.approve(
+            repo, X, repo.parent / "keys" / "mallory.key", None, R.load_params(repo), now=int(time.time())
+        )
+    assert err.value.rule == "untrusted_key"
+    assert_refused(repo, X, _mint(repo, key=mallory, issuer="mallory"), "bad_signature")
+    with pytest.raises(ClapError) as err:  # signing the change herself: she is no key in force
+        R.change_trust(repo, "add", "mallory", repo.parent / "keys" / "mallory.key", R.load_params(repo))
+    assert err.value.rule == "untrusted_key"
+    # a hand-written event with her own signature: the replay counts only signatures of keys in force
+    event = {"seq": 1, "action": "add", "name": "mallory", "key_sha256": trust.key_sha256(mallory.public_key()),
+             "after_event": 0, "reason": "", "prev": ""}  # fmt: skip
+    alice = trust.key_sha256(_key(repo).public_key())
+    event["signatures"] = {event["key_sha256"]: trust.sign(event, mallory), alice: trust.sign(event, mallory)}
+    (repo / "releases" / "trust.jsonl").write_text(json.dumps(event) + "\n")
+    git(repo, "add", "releases/trust.jsonl")
+    git(repo, "commit", "-q", "-m", "trust mallory")
+    with pytest.raises(ClapError) as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "trust_quorum" and "signed by ['alice', 'mallory']" not in str(err.value)
+    assert_refused(repo, X, _mint(repo, key=mallory, issuer="mallory"), "trust_quorum")
+
+
+def test_no_trust_root_pinned_verifies_nothing(repo, monkeypatch, tmp_path):
+    from clap.release.trust import ROOT_ENV, ROOT_FILE_ENV
+
+    monkeypatch.delenv(ROOT_ENV)
+    monkeypatch.setenv(ROOT_FILE_ENV, str(tmp_path / "nowhere"))
+    assert_refused(repo, X, _mint(repo), "no_trust_root")
+    monkeypatch.setenv(ROOT_FILE_ENV, str(repo / "trust_root"))  # inside the repository: refused
+    (repo / "trust_root").write_text("00" * 32 + "\n")
+    assert_refused(repo, X, _mint(repo), "trust_root_in_repo")
 
 
 def test_approve_refuses_hold_and_reject_and_says_why(repo):

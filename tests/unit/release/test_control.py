@@ -28,11 +28,11 @@ from .release_fixtures import (
     copy_template,
     git,
     read_jsonl,
+    refused,
     release_both,
     repro,
     set_decision,
     signing_key,
-    snapshot,
     template_base,
 )
 
@@ -42,16 +42,7 @@ X, Y = BATCHES
 @pytest.fixture
 def repo(tmp_path_factory, tmp_path, monkeypatch):
     clean_git_env(monkeypatch)
-    return copy_template(template_base(tmp_path_factory), tmp_path)
-
-
-def refused(repo, fn, rule):
-    before = snapshot(repo)
-    with pytest.raises(ClapError) as err:
-        fn()
-    assert err.value.rule == rule, str(err.value)
-    assert snapshot(repo) == before
-    return str(err.value)
+    return copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
 
 
 def adapter_sha(repo, batch):

@@ -33,7 +33,7 @@ A = R.GTO_ARTIFACT
 @pytest.fixture
 def repo(tmp_path_factory, tmp_path, monkeypatch):
     clean_git_env(monkeypatch)
-    return copy_template(template_base(tmp_path_factory), tmp_path)
+    return copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
 
 
 def at(monkeypatch, seconds: int) -> None:

@@ -19,7 +19,7 @@ Z = "2026-03"  # a batch never released
 @pytest.fixture
 def repo(tmp_path_factory, tmp_path, monkeypatch):
     clean_git_env(monkeypatch)
-    return copy_template(template_base(tmp_path_factory), tmp_path)
+    return copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
 
 
 def _start(repo, batch, mode="incumbent"):

@@ -42,7 +42,7 @@ SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_cha
 def repo(tmp_path_factory, tmp_path, monkeypatch):
     """The miniature repository with a (fake) base model whose weights hash metrics/base.json records."""
     clean_git_env(monkeypatch)
-    repo = copy_template(template_base(tmp_path_factory), tmp_path)
+    repo = copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
     base = repo / "models" / "base"
     base.mkdir(parents=True)
     (base / "model.safetensors").write_bytes(b"tiny base weights")
@@ -53,6 +53,13 @@ def repo(tmp_path_factory, tmp_path, monkeypatch):
     )
     commit_all(repo, "base model")
     return repo
+
+
+def revoke_alice(repo):
+    """alice, the one key in force, revokes her own key (a quorum of 1)."""
+    R.change_trust(
+        repo, "revoke", "alice", repo.parent / "keys" / "alice.key", R.load_params(repo), "laptop stolen"
+    )
 
 
 def _readers(repo):
@@ -169,7 +176,7 @@ def test_revoked_key_is_refused(repo):
     release_both(repo)
     R.keygen(repo, "bob", repo.parent / "keys")
     (repo / "releases" / "trusted_keys" / "alice.pub").unlink()
-    assert_refused_by_all(repo, "no trusted key")
+    assert_refused_by_all(repo, "pinned trust root fingerprint\\(s\\) is a key in releases/trusted_keys")
 
 
 def test_replayed_ledger_entry_is_refused(repo):
@@ -320,13 +327,12 @@ def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, cap
     repro(repo)  # 2026-01 re-evaluated against production (2026-02)
     pending = approve_batch(repo, X)  # approved before the revocation, not yet used
     monkeypatch.chdir(repo)
-    assert cli.main(["revoke", "alice", "--reason", "laptop stolen"]) == 0
-    assert "revoked alice's key" in capsys.readouterr().out
-    row = R._read_jsonl(repo / "releases" / "revoked_keys.jsonl")[0]
-    assert row["after_event"] == 2 and row["approver"] == "alice"
-    assert_refused_by_all(
-        repo, "revoked in releases/revoked_keys.jsonl after event 2 \\(laptop stolen\\)", capsys
-    )
+    key = str(repo.parent / "keys" / "alice.key")
+    assert cli.main(["trust", "revoke", "alice", "--key", key, "--reason", "laptop stolen"]) == 0
+    assert "revoke alice" in capsys.readouterr().out
+    row = R._read_jsonl(repo / "releases" / "trust.jsonl")[0]
+    assert row["after_event"] == 2 and row["name"] == "alice" and row["action"] == "revoke"
+    assert_refused_by_all(repo, "revoked in releases/trust.jsonl after event 2 \\(laptop stolen\\)", capsys)
     with pytest.raises(ClapError, match="was revoked") as err:
         R.release(repo, X, pending, R.load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == "key_revoked"
@@ -339,7 +345,7 @@ def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, cap
 def test_revoked_key_trusted_again_under_another_name_is_refused(repo):
     """The stolen key's alice.pub renamed to mallory.pub signs a new release: revocation is by fingerprint."""
     release_both(repo)
-    R.revoke(repo, "alice", "laptop stolen")
+    revoke_alice(repo)
     trusted = repo / "releases" / "trusted_keys"
     (trusted / "alice.pub").rename(trusted / "mallory.pub")
     _forge_release(repo, X, issuer="mallory")
@@ -355,7 +361,7 @@ def test_revoked_key_trusted_again_under_another_name_is_refused(repo):
 def test_history_rewritten_around_a_revoked_key_is_refused(repo):
     """With the stolen key, the last release is replaced by a forged one placed before the revocation point."""
     release_both(repo)
-    R.revoke(repo, "alice", "laptop stolen")
+    revoke_alice(repo)
     releases = repo / "releases"
     history, ledger = (R._read_jsonl(releases / n) for n in ("history.jsonl", "approvals_used.jsonl"))
     for name, rows in (("history.jsonl", history[:1]), ("approvals_used.jsonl", ledger[:1])):
@@ -364,7 +370,7 @@ def test_history_rewritten_around_a_revoked_key_is_refused(repo):
     _forge_release(repo, X)  # event 2: before after_event 2, so only its being production gives it away
     assert_refused_by_all(repo, "revoked")
     commit_all(repo, "release 2026-01 again")
-    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*revoked"):
+    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*history.jsonl is append-only"):
         check_registry(repo, emit=lambda line: None)
 
 
@@ -374,12 +380,12 @@ def test_dropped_revocation_is_refused_by_the_registry_check(repo):
     serve and eval read the working tree only: this rewrite is `clap registry-check`'s (CI's) to catch.
     """
     release_both(repo)
-    R.revoke(repo, "alice", "laptop stolen")
-    (repo / "releases" / "revoked_keys.jsonl").write_text("")
+    revoke_alice(repo)
+    (repo / "releases" / "trust.jsonl").write_text("")
     commit_all(repo, "tidy releases/")
     with pytest.raises(
         ClapError,
-        match=f"commit {_head(repo)[:12]} \\(tidy releases/\\): .*revoked_keys.jsonl is append-only",
+        match=f"commit {_head(repo)[:12]} \\(tidy releases/\\): .*trust.jsonl is append-only",
     ):
         check_registry(repo, emit=lambda line: None)
 
