@@ -1,0 +1,40 @@
+"""The writing a newcomer meets first stays short, indexed and true to the committed results."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 200
+
+
+def test_benchmarks_readme_lists_every_result():
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    for path in sorted((ROOT / "benchmarks" / "results").iterdir()):
+        stem = path.name.split(".")[0]
+        assert re.search(rf"\b{re.escape(stem)}\b", index), (
+            f"benchmarks/README.md does not list results/{path.name}"
+        )
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        if script.name != "machine.py":
+            assert f"`{script.name}" in index, f"benchmarks/README.md does not list {script.name}"
+
+
+def test_readme_links_resolve():
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), f"README links to missing {target}"
+
+
+def test_readme_decisions_are_the_committed_ones():
+    """The decisions README states are those metrics/gate records (and the scenario is certified)."""
+    for batch, word in re.findall(r"\*\*(\d{4}-\d{2}) \([^)]*\): (\w+)\*\*", README):
+        gate = json.loads((ROOT / "metrics" / "gate" / f"{batch}.json").read_text())
+        assert gate["decision"] == word, (batch, gate["decision"], word)
+        assert gate["certified"] == 1
