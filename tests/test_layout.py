@@ -107,9 +107,7 @@ def test_stages_that_verify_the_incumbent_depend_on_all_release_state():
         if "releases/" in body["cmd"]:
             assert ROOT / "clap" / "release" / "registry.py" in closure(ROOT / _stage_script(body)), name
             readers[name] = "releases" in body.get("deps", [])
-    # eval still names only the pointer: `clap approve` checks the md5 eval ran with against it
-    # (release.control._require_fresh_evaluation), which a folder dep would not record
-    assert set(readers) == {"warm_start", "eval"} and readers["warm_start"], readers
+    assert readers == {"warm_start": True, "eval": True}, readers
 
 
 def test_no_import_cycle_between_packages():

@@ -118,7 +118,7 @@ def _dvc_yaml(py: str) -> dict:
             ),
             "eval": stage(
                 "eval",
-                ["models/adapters/${item}", "releases/production.json"],
+                ["models/adapters/${item}", "releases", "releases/production.json"],
                 ["data/eval/${item}"],
                 [{"metrics/eval/${item}.json": nocache}],
             ),
@@ -171,6 +171,7 @@ def build_template(base: Path) -> Path:
         "['remote \"local\"']\n    url = ../../remote\n"
     )
     (repo / ".gitignore").write_text("*.key\n*.pem\nkeys/\n")
+    (repo / ".dvcignore").write_text((ROOT / ".dvcignore").read_text())
     (repo / "stage.py").write_text(STAGE_SCRIPT)
     (repo / "dvc.yaml").write_text(yaml.safe_dump(_dvc_yaml(sys.executable), sort_keys=False))
     (repo / "params.yaml").write_text(

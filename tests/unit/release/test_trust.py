@@ -17,6 +17,7 @@ from .release_fixtures import (
     commit_all,
     copy_template,
     refused,
+    repro,
     signing_key,
     template_base,
 )
@@ -139,3 +140,28 @@ def test_pins_are_read_from_outside_the_repository(repo, monkeypatch, tmp_path):
     with pytest.raises(ClapError) as err:
         pinned_roots(repo)
     assert err.value.rule == "bad_trust_root"
+
+
+def _eval_changed(repo) -> list[str]:
+    import contextlib
+
+    from dvc.repo import Repo
+
+    with contextlib.chdir(repo), Repo(str(repo)) as dvc:
+        status = dvc.status(targets=[f"eval@{X}"])
+    return [p for entry in status.get(f"eval@{X}", []) for p in entry.get("changed deps", {})]
+
+
+def test_a_key_change_reruns_eval_and_a_pending_one_does_not(repo):
+    """eval's incumbent verdict depends on the whole release state (releases/ is its dep), except what
+    no reader reads: a key change still collecting signatures (.dvcignore)."""
+    assert _eval_changed(repo) == []
+    add_bob(repo)
+    assert _eval_changed(repo) == ["releases"]
+    new_key(repo, "carol")
+    repro(repo)
+    assert _eval_changed(repo) == []
+    assert change(repo, "add", "carol", "alice")["missing"] == 1
+    assert _eval_changed(repo) == []  # pending: nothing in force changed
+    change(repo, "add", "carol", "bob")
+    assert _eval_changed(repo) == ["releases"]
