@@ -317,12 +317,20 @@ def detector_pairing(tp: TrainParams, dp: DetectorParams, model) -> None:
 
     A check pairs the step's logged training loss with a probe draw scored at the same parameters
     (docs/detector.md). Settings that break that silently are errors with the detector on:
-    ``length_grouping`` (rows sorted by length are not a random draw of the training items) and
+    ``epochs`` above 1 (a step's batch seen before), ``length_grouping`` (rows sorted by length are not a random draw of the training items) and
     any dropout active in training (``lora_dropout``, or a dropout module or ``*dropout`` rate of the
     model's config): the training loss is then a train-mode loss and the probe's an eval-mode one.
     """
     if not dp.enabled:
         return
+    if tp.epochs > 1:
+        raise ClapError(
+            f"train.epochs: {tp.epochs} shows training items again after the first epoch, when a step's loss is "
+            "no longer on items the model has not seen, which the TBDL detector's null needs (its probe items "
+            "are never trained on); set epochs to at most 1 or detector.enabled false",
+            column="train.epochs",
+            rule="detector_pairing",
+        )
     if tp.length_grouping and not tp.packing:
         raise ClapError(
             "train.length_grouping: true sorts training rows by length, so a step's batch is not a random "

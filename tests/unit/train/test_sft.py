@@ -774,6 +774,7 @@ class _Model(torch.nn.Module):
 @pytest.mark.parametrize(
     ("tp_kw", "model", "column"),
     [
+        ({"epochs": 2.0}, _Model(), "train.epochs"),
         ({"length_grouping": True, "packing": False}, _Model(), "train.length_grouping"),
         ({}, _Model(p=0.1), "train.lora_dropout"),
         ({}, _Model(attention_dropout=0.1), "train.lora_dropout"),
