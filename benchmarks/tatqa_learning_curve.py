@@ -220,6 +220,23 @@ def _commit() -> str:
     return out.stdout.strip()
 
 
+def _lever(override: str) -> str:
+    """An override as the table shows it: ``key=value``, or ``task.answer: value first``."""
+    key, value = override.split("=", 1)
+    return (
+        f"{key}: value first" if key == "task.answer" and value.lstrip("{ ").startswith("value") else override
+    )
+
+
+def _detector(p: dict[str, Any]) -> str:
+    """``max log E (checks)``, ``alarm at step s`` when it alarmed, ``off`` when the run had no checks."""
+    if not p.get("detector_checks"):
+        return "off"
+    alarm = p.get("detector_alarm_step")
+    tail = f", alarm at step {alarm}" if isinstance(alarm, int) and alarm > 0 else ""
+    return f"{p['detector_max_log_e']:.2f} ({p['detector_checks']} checks{tail})"
+
+
 def report(args: argparse.Namespace) -> None:
     """``benchmarks/results/tatqa_learning_curve.{json,md}`` from the points of every ``WORK`` folder."""
     points = [
@@ -255,13 +272,12 @@ def report(args: argparse.Namespace) -> None:
     ]
     for p in points:
         b, c = p["base"], p["candidate"]
-        lever = "; ".join(o.split("=")[0] + (" (value first)" if "value: {" in o.split("=", 1)[1][:9] else "")
-                          for o in p["overrides"]) or "profile defaults"  # fmt: skip
+        lever = "; ".join(_lever(o) for o in p["overrides"]) or "profile defaults"
         lines.append(
             f"| {lever} | {p['n_train']} | {p['steps']} | {b['em']:.3f} / {b['f1']:.3f} / {b['pass']:.3f} | "
             f"{c['em']:.3f} / {c['f1']:.3f} / {c['pass_rate']:.3f} | {c['wrong_fact_rate']:.2f} | {p['b']} / {p['c']} | "
-            f"{p['pvalue']:.3g} | {'passed' if p['learned'] else 'failed'} | {p['detector_max_log_e']:.2f} "
-            f"({p['detector_checks']}) | {p['train_s']:.0f} | {p['eval_s']:.0f} |"
+            f"{p['pvalue']:.3g} | {'passed' if p['learned'] else 'failed'} | {_detector(p)} | "
+            f"{p['train_s']:.0f} | {p['eval_s']:.0f} |"
         )
     (RESULTS / "tatqa_learning_curve.md").write_text("\n".join(lines) + "\n")
 
