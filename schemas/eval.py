@@ -105,10 +105,10 @@ def eval_items(answer: AnswerSchema, *, answer_metric: str = "none") -> pa.DataF
     return with_answer(EvalItemsFixed, answer, "EvalItems", answer_metric=answer_metric)
 
 
-class EvalTimings(pa.DataFrameModel):
-    """timings.parquet: apportioned latency and batch wall time per item x model (ms)."""
+class BatchedTimings(pa.DataFrameModel):
+    """The columns every batched timings file shares: an item's apportioned latency and its batch's wall
+    time (ms), the batch's size and index. Subclasses add who answered (model or condition)."""
 
-    model: Series[str] = pa.Field(isin=list(ROLES))
     item_id: Series[str] = pa.Field(str_length={"min_value": 1})
     latency_ms: Series[float] = pa.Field(ge=0.0)
     batch_wall_ms: Series[float] = pa.Field(ge=0.0)
@@ -118,3 +118,9 @@ class EvalTimings(pa.DataFrameModel):
     class Config:
         strict = True
         coerce = True
+
+
+class EvalTimings(BatchedTimings):
+    """timings.parquet: apportioned latency and batch wall time per item x model (ms)."""
+
+    model: Series[str] = pa.Field(isin=list(ROLES))

@@ -16,7 +16,7 @@ from pandera.typing import Series
 
 from clap.judge.replay import CONDITIONS, PLOT_METRICS
 from clap.task.answer import AnswerSchema
-from schemas.eval import EvalItemsFixed, with_answer
+from schemas.eval import BatchedTimings, EvalItemsFixed, with_answer
 
 
 def _json_list(text: str) -> bool:
@@ -78,21 +78,12 @@ def replay_cases(answer: AnswerSchema) -> pa.DataFrameSchema:
     return with_answer(ReplayCasesFixed, answer, "ReplayCases", (core,))
 
 
-class ReplayTimings(pa.DataFrameModel):
+class ReplayTimings(BatchedTimings):
     """timings.parquet: per-case latency (retrieval + apportioned generation), milliseconds."""
 
     condition: Series[str] = pa.Field(isin=list(CONDITIONS))
-    item_id: Series[str] = pa.Field(str_length={"min_value": 1})
     retrieval_ms: Series[float] = pa.Field(ge=0.0)
     generation_ms: Series[float] = pa.Field(ge=0.0)
-    latency_ms: Series[float] = pa.Field(ge=0.0)
-    batch_wall_ms: Series[float] = pa.Field(ge=0.0)
-    batch_size: Series[int] = pa.Field(ge=1)
-    batch_index: Series[int] = pa.Field(ge=0)
-
-    class Config:
-        strict = True
-        coerce = True
 
 
 class ReplayRequests(pa.DataFrameModel):
