@@ -27,7 +27,8 @@ from pathlib import Path
 from clap import determinism, io, params, stage
 from clap.judge import certification, detector_plot
 from clap.judge import grpo_gate as grpo
-from clap.judge.gating import GateParams, chain_checks, evidence_bundle, flat_metrics, render_report, run_gate
+from clap.judge.gate_report import evidence_bundle, render_report
+from clap.judge.gating import GateParams, chain_checks, flat_metrics, run_gate
 from clap.judge.scored import read_scored
 from clap.task.answer import load_answer_schema
 from clap.train.grpo_policy import GrpoParams

@@ -10,7 +10,7 @@ import pytest
 from clap import io
 from clap.errors import ClapError
 from clap.judge import detector_plot as dp
-from clap.judge.gating import render_report
+from clap.judge.gate_report import render_report
 
 ROOT = Path(__file__).resolve().parents[3]
 THR = 2.995732273553991

@@ -12,6 +12,7 @@ from statsmodels.stats.multitest import multipletests
 
 from clap import params
 from clap.errors import ClapError
+from clap.judge.gate_report import evidence_bundle, render_report
 from clap.judge.gating import (
     DECISION_CODE,
     ChainPolicy,
@@ -21,9 +22,7 @@ from clap.judge.gating import (
     bound_check,
     chain_checks,
     decide,
-    evidence_bundle,
     flat_metrics,
-    render_report,
     run_gate,
 )
 from clap.judge.scored import scored_columns

@@ -21,7 +21,8 @@ from clap.judge.evaluation import (
     tatqa_scale,
     with_answer_metric,
 )
-from clap.judge.gating import GateParams, evidence_bundle, render_report, run_gate
+from clap.judge.gate_report import evidence_bundle, render_report
+from clap.judge.gating import GateParams, run_gate
 from clap.model.engine import EngineParams
 from clap.model.generate import Generation
 from clap.task.answer import parse_answer_schema
