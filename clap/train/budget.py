@@ -16,13 +16,15 @@ alone fits in it before the first optimizer step:
   training batches as the trainer's collator builds them, after one untimed pass (allocation,
   first-call overhead). No optimizer step is taken, the gradients are dropped and the RNG state
   is restored, so the run that follows is the one without the estimate. The plain forward
-  scores every position through the LM head (the trainer scores only loss positions), so on
-  CPU the rate is a little low and the estimate errs high.
+  scores every position through the LM head (the trainer scores only loss positions), which
+  makes the measured rate a little low.
 
-A run resumed from a checkpoint is estimated whole (conservative). Not in the estimate: the
-TBDL detector's scoring of probe items and check batches and checkpoint saving
-(inside ``wall_s``), and the eval stage's share of the budget (the release's cost report,
-``cost.json``, counts it, and shows this estimate beside the wall time it turned out to be).
+A run resumed from a checkpoint is estimated whole. Not in the estimate: the TBDL detector's
+scoring of probe items and check batches and checkpoint saving (inside ``wall_s``), and the eval
+stage's share of the budget. With the detector on, those outweigh the low rate, so the estimate
+falls short of the wall time: it says whether a run can fit at all, not what it will cost. The
+release's cost report (``cost.json``) counts the whole stage and shows this estimate beside the
+wall time it turned out to be.
 
 Over the budget, ``release.cost.over_budget`` decides: ``refuse`` raises before training;
 ``hold`` does not train: the record's health is ``over_budget`` and ``gate.health`` maps it.
