@@ -221,3 +221,50 @@ def test_tatqa_batch_is_admitted_under_its_own_params(reports_b):
     assert adm.record["verdict"] is True, adm.record["reasons"]
     assert adm.record["grpo"]["rank_pass_rate"] == 1.0
     validate_frame(admitted_items(vocab), adm.frames["eval"], "eval.parquet")
+
+
+@pytest.mark.slow
+def test_dvc_reruns_a_profile_stage_only_for_a_root_value_it_inherits(tmp_path):
+    """DVC itself, on a rendered profile: a stage is stale after a change to a root value it inherits,
+    and not after one to a value the profile overrides or to a key the stage does not read."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "profiles"))
+    try:
+        import render_dvc_yaml as R
+    finally:
+        sys.path.pop(0)
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    root_params = "batches: [r]\na: {x: 1, y: 2, m: {p: 1}}\nb: {x: 1, z: 1}\nc: {q: 1}\n"
+    (tmp_path / "params.yaml").write_text(root_params)
+    prof = tmp_path / "profiles" / "p"
+    prof.mkdir(parents=True)
+    (prof / "params.yaml").write_text("extends: ../../params.yaml\nbatches: [p1]\na: {y: 3}\n")
+    root_dvc = (
+        "stages:\n  s:\n    foreach: ${batches}\n    do:\n      cmd: echo ${item} > out_${item}.txt\n"
+        "      params:\n        - a\n        - b.x\n      outs:\n        - out_${item}.txt\n"
+    )
+    rendered = R.render(root_dvc, 2, ["p1"], params.chain(prof / "params.yaml"))
+    assert "- params.yaml: [a]\n" in rendered and "- ../../params.yaml: [a.x, a.m, b.x]\n" in rendered
+    (prof / "dvc.yaml").write_text(rendered)
+
+    def run(*args, cwd=prof):
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("git", "init", "-q", cwd=tmp_path)
+    run(dvc, "init", "-q", cwd=tmp_path)
+    run(dvc, "repro", "-q")
+
+    def stale_after(old, new):
+        text = (tmp_path / "params.yaml").read_text()
+        (tmp_path / "params.yaml").write_text(text.replace(old, new))
+        return "s@p1" in run(dvc, "status")
+
+    assert not stale_after("c: {q: 1}", "c: {q: 2}")  # a section the stage does not read
+    assert not stale_after("b: {x: 1, z: 1}", "b: {x: 1, z: 2}")  # a key of it the stage does not read
+    assert not stale_after("y: 2", "y: 5")  # a value the profile overrides
+    assert stale_after("p: 1", "p: 2")  # an inherited value, deep
+    run(dvc, "repro", "-q")
+    assert stale_after("x: 1, y", "x: 7, y")
