@@ -363,7 +363,6 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 
 def read_json_yaml_batches(scratch: Path) -> list[str]:
-
     from clap import params
 
     return list(params.load(scratch / "params.yaml")["batches"])
