@@ -29,8 +29,10 @@ install-cuda: install
 demo: install
 	PATH=$(abspath $(BIN)):$$PATH dvc repro
 
-# the same loop on real financial reports (TAT-QA): profiles/tatqa/{params,dvc}.yaml, run in the profile's folder
+# the same loop on real financial reports (TAT-QA): profiles/tatqa/{params,dvc}.yaml, run in the profile's folder;
+# dvc.yaml re-rendered first (its detector plots list the profile's `batches`: adding a batch is editing those)
 tatqa: install
+	$(BIN)/python profiles/render_dvc_yaml.py profiles/tatqa
 	cd profiles/tatqa && PATH=$(abspath $(BIN)):$$PATH dvc repro
 
 lint: install

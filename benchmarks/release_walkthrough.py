@@ -363,9 +363,9 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
 
 
 def read_json_yaml_batches(scratch: Path) -> list[str]:
-    import yaml
+    from clap import params
 
-    return list(yaml.safe_load((scratch / "params.yaml").read_text(encoding="utf-8"))["batches"])
+    return list(params.load(scratch / "params.yaml")["batches"])
 
 
 def problems(result: dict[str, Any]) -> list[str]:

@@ -55,7 +55,9 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def prepare(work: Path, overrides: list[str]) -> tuple[Path, list[Path]]:
     """A scratch project (the profile's params with ``overrides``) and each batch admitted there whole:
     D_sft + probe = the batch's train split, eval = its eval split."""
-    params = yaml.safe_load((PROFILE / "params.yaml").read_text())
+    from clap import params as cparams
+
+    params = cparams.load(PROFILE / "params.yaml")  # the override merged onto the root's: a whole params file
     for item in overrides:
         key, value = item.split("=", 1)
         _set(params, key, yaml.safe_load(value))

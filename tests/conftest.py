@@ -476,9 +476,9 @@ def make_e2e_repo(repo: Path, params: dict, batches: tuple[str, ...] = (E2E_BATC
 
 def repo_params() -> dict:
     """The working tree's params.yaml."""
-    import yaml
+    from clap import params
 
-    return yaml.safe_load((_ROOT / "params.yaml").read_text())
+    return params.load(_ROOT / "params.yaml")
 
 
 @pytest.fixture(scope="session")

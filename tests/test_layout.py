@@ -9,6 +9,8 @@ import subprocess
 import yaml
 from layout import ROOT, closure, direct_imports, package_of
 
+from clap import params as cparams
+
 
 def _python_files(*dirs: str):
     for d in dirs:
@@ -39,7 +41,7 @@ def _dvc_stages():
 
 
 def test_every_params_section_named_in_dvc_yaml_exists():
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = cparams.load(ROOT / "params.yaml")
     missing = []
     for name, stage in _dvc_stages().items():
         body = stage.get("do", stage)
@@ -167,7 +169,7 @@ DETECTOR_PLOTS = {"train_loss_vs_probe": ["loss", "probe_loss"], "detector_log_e
 def test_detector_plots_draw_every_configured_batch():
     """DVC takes no folder or glob as a named plot's source: each batch of params `batches` is listed in the
     top-level detector plots of dvc.yaml, with both columns (tests/e2e/test_dvc_plots.py renders them)."""
-    batches = yaml.safe_load((ROOT / "params.yaml").read_text())["batches"]
+    batches = cparams.load(ROOT / "params.yaml")["batches"]
     plots = {
         k: v for entry in yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"] for k, v in entry.items()
     }

@@ -313,15 +313,34 @@ def _hf_parse_problems(text: str) -> list[str]:
 
 
 def stage_params(lock: dict[str, Any], batch: str) -> dict[str, Any]:
-    """The params each stage of ``batch`` (and each batch-independent stage) ran with, from dvc.lock."""
+    """The params each stage of ``batch`` (and each batch-independent stage) ran with, from dvc.lock.
+
+    A profile's stages (its params.yaml an override, clap/params.py) record the keys they inherit under
+    the file it extends (``../../params.yaml``, dotted keys) beside their own under ``params.yaml``:
+    merged here, the override's winning, into the values the stage read."""
     used = {}
     for name, stage in sorted((lock.get("stages") or {}).items()):
         if "@" in name and not name.endswith(f"@{batch}"):
             continue
-        values = (stage.get("params") or {}).get("params.yaml")
+        files = stage.get("params") or {}
+        values: dict[str, Any] = {}
+        for file in sorted(files, key=lambda f: f == "params.yaml"):  # the stage's own params.yaml last
+            for key, value in (files[file] or {}).items():
+                *path, last = str(key).split(".")
+                node = values
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[last] = value if not isinstance(value, dict) else _deep_update(node.get(last), value)
         if values:
             used[name] = values
     return used
+
+
+def _deep_update(base: Any, over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base) if isinstance(base, dict) else {}
+    for k, v in over.items():
+        out[k] = _deep_update(out.get(k), v) if isinstance(v, dict) else v
+    return out
 
 
 def _seeds(params_used: dict[str, Any]) -> dict[str, Any]:

@@ -61,9 +61,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from clap import io, vcs
+from clap import io, params, vcs
 from clap.errors import ClapError
 
 FAILING = "DIFFERS"
@@ -163,14 +161,22 @@ def resolve_target(root: Path, target: str) -> tuple[str, list[str] | None]:
     if found.returncode == 0:
         return found.stdout.strip(), None
     head = _run(["git", "rev-parse", "HEAD"], root, what="git rev-parse HEAD").strip()
-    batches = yaml.safe_load(
-        _run(["git", "show", "HEAD:params.yaml"], root, what="reading params.yaml at HEAD")
-    ).get("batches", [])
+    batches = params.load("params.yaml", read=lambda p: _show_at_head(root, p)).get("batches", [])
     if target in [str(b) for b in batches]:
         return head, [target]
     raise ClapError(
         f"{target!r} is neither a commit nor a batch of params.yaml at HEAD ({batches})", rule="verify_target"
     )
+
+
+def _show_at_head(root: Path, path: Path) -> str:
+    """A file's text at HEAD (``path`` relative to the repository root), for clap.params.load."""
+    done = subprocess.run(
+        ["git", "show", f"HEAD:{path.as_posix()}"], cwd=root, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise FileNotFoundError(f"{path} at HEAD: {done.stderr.strip()}")
+    return done.stdout
 
 
 def checkout(root: Path, commit: str, dest: Path) -> str | None:
@@ -668,10 +674,7 @@ def _verify_in(
     remote = checkout(root, commit, clone)
     lock = read_lock(clone)
     if batches is None:
-        batches = [
-            str(b)
-            for b in yaml.safe_load((clone / "params.yaml").read_text(encoding="utf-8")).get("batches", [])
-        ]
+        batches = [str(b) for b in params.load(clone / "params.yaml").get("batches", [])]
     rerun = [s for b in batches for s in batch_stages(lock, b, vp)]
     needed = inputs_to_pull(lock, rerun, clone)
     paths = {b: [p for s in batch_stages(lock, b, vp) for p in outs(lock, s)] for b in batches}

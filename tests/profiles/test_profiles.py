@@ -34,36 +34,94 @@ def test_profile_dvc_yaml_is_the_rendered_root_dvc_yaml():
     assert "- data/raw/${item}" in text  # data paths stay the profile's own
 
 
-# sections whose keys are the profile's own data (sources, vocabularies, lexicons, per-key thresholds)
-_OWN = {
-    "sources",
-    "keys",
-    "units",
-    "concepts",
-    "entities",
-    "answer",
-    "max_key_share",
-    "min_distinct",
-    "min_coverage",
-}
-
-
-def _knobs(tree, prefix=""):
-    out = set()
-    for k, v in tree.items():
-        out.add(prefix + str(k))
-        if isinstance(v, dict) and k not in _OWN:
-            out |= _knobs(v, f"{prefix}{k}.")
-    return out
-
-
 def test_profile_params_set_every_knob_of_the_demo():
+    """Merged onto the root's, the override is a whole params file: every knob of the demo (but the demo
+    generator's own section) and nothing else."""
+    demo = params.load(ROOT / "params.yaml")
+    demo.pop("demo")  # the demo data generator's own section: the profile deletes it (demo: null)
+    profile = params.load(TATQA / "params.yaml")
+    assert list(profile) == list(demo)
+    for name in demo:
+        if isinstance(demo[name], dict):
+            assert profile[name].keys() >= demo[name].keys() or name in {"assetize", "normalize", "task"}, (
+                name
+            )
+
+
+def _leaves(tree, prefix=()):
+    if isinstance(tree, dict) and tree:
+        for k, v in tree.items():
+            yield from _leaves(v, (*prefix, k))
+    else:
+        yield prefix, tree
+
+
+def test_profile_params_hold_only_overrides():
+    """No value of the override equals the root's at the same key (a copy would hide a later root change),
+    except inside a mapping it replaces whole (its own data: sources, vocabularies, the answer)."""
+    override = params.chain(TATQA / "params.yaml")[0]
+    assert override.data and override.replace
+    root = params.load(ROOT / "params.yaml")
+    copies = []
+    for path, value in _leaves(override.data):
+        if any(path[: len(r)] == r for r in override.replace):
+            continue
+        node = root
+        for part in path:
+            node = node.get(part, object()) if isinstance(node, dict) else object()
+        if node == value:
+            copies.append(".".join(map(str, path)))
+    assert copies == []
+
+
+def test_profile_stage_params_cover_what_they_inherit():
+    """Each stage of the profile's dvc.yaml lists, per params file, keys that file holds; together they
+    cover every value of the keys the root's stage reads, each under the file that decides it (the
+    override, or the root for what it inherits), and nothing the stage does not read: a stage re-runs when
+    an inherited root value changes, not when an unrelated root section does (DVC tracks each file's
+    own keys)."""
     import yaml
 
-    demo = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
-    demo.pop("demo")  # the demo data generator's own section
-    profile = yaml.safe_load((TATQA / "params.yaml").read_text(encoding="utf-8"))
-    assert _knobs(demo) == _knobs(profile)
+    layers = params.chain(TATQA / "params.yaml")
+    files = {"params.yaml": layers[0], "../../params.yaml": layers[1]}
+    root_stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    prof_stages = yaml.safe_load((TATQA / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    merged = params.load(TATQA / "params.yaml")
+
+    def owner(path):  # the first file (the override first) that decides the value at ``path``
+        for name, layer in files.items():
+            node = layer.data
+            for i, part in enumerate(path):
+                if not isinstance(node, dict) or part not in node:
+                    break
+                node = node[part]
+                if path[: i + 1] in layer.replace or not isinstance(node, dict) or i == len(path) - 1:
+                    return name
+        raise AssertionError(path)
+
+    for name, stage in root_stages.items():
+        reads = [tuple(k.split(".")) for k in (stage.get("do") or stage).get("params", [])]
+        listed = {}
+        for entry in (prof_stages[name].get("do") or prof_stages[name])["params"]:
+            ((file, keys),) = entry.items()
+            listed[file] = [tuple(k.split(".")) for k in keys]
+            for key in listed[file]:  # DVC fails on a key absent from the file it names
+                node = files[file].data
+                for part in key:
+                    node = node[part]
+                assert any(key[: len(r)] == r for r in reads), (name, file, key)  # nothing it does not read
+        for read in reads:
+            node = merged
+            for part in read:
+                node = node[part]
+            for path, _ in _leaves(node, read):
+                file = owner(path)
+                assert any(path[: len(k)] == k for k in listed.get(file, [])), (name, path, file)
+                if file == "params.yaml":  # an overridden value: the root's key is not listed
+                    assert not any(path[: len(k)] == k for k in listed.get("../../params.yaml", [])), (
+                        name,
+                        path,
+                    )
 
 
 @pytest.mark.parametrize("params_file", [ROOT / "params.yaml", TATQA / "params.yaml"], ids=["demo", "tatqa"])
@@ -163,3 +221,50 @@ def test_tatqa_batch_is_admitted_under_its_own_params(reports_b):
     assert adm.record["verdict"] is True, adm.record["reasons"]
     assert adm.record["grpo"]["rank_pass_rate"] == 1.0
     validate_frame(admitted_items(vocab), adm.frames["eval"], "eval.parquet")
+
+
+@pytest.mark.slow
+def test_dvc_reruns_a_profile_stage_only_for_a_root_value_it_inherits(tmp_path):
+    """DVC itself, on a rendered profile: a stage is stale after a change to a root value it inherits,
+    and not after one to a value the profile overrides or to a key the stage does not read."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "profiles"))
+    try:
+        import render_dvc_yaml as R
+    finally:
+        sys.path.pop(0)
+    dvc = shutil.which("dvc") or str(Path(sys.executable).parent / "dvc")
+    root_params = "batches: [r]\na: {x: 1, y: 2, m: {p: 1}}\nb: {x: 1, z: 1}\nc: {q: 1}\n"
+    (tmp_path / "params.yaml").write_text(root_params)
+    prof = tmp_path / "profiles" / "p"
+    prof.mkdir(parents=True)
+    (prof / "params.yaml").write_text("extends: ../../params.yaml\nbatches: [p1]\na: {y: 3}\n")
+    root_dvc = (
+        "stages:\n  s:\n    foreach: ${batches}\n    do:\n      cmd: echo ${item} > out_${item}.txt\n"
+        "      params:\n        - a\n        - b.x\n      outs:\n        - out_${item}.txt\n"
+    )
+    rendered = R.render(root_dvc, 2, ["p1"], params.chain(prof / "params.yaml"))
+    assert "- params.yaml: [a]\n" in rendered and "- ../../params.yaml: [a.x, a.m, b.x]\n" in rendered
+    (prof / "dvc.yaml").write_text(rendered)
+
+    def run(*args, cwd=prof):
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    run("git", "init", "-q", cwd=tmp_path)
+    run(dvc, "init", "-q", cwd=tmp_path)
+    run(dvc, "repro", "-q")
+
+    def stale_after(old, new):
+        text = (tmp_path / "params.yaml").read_text()
+        (tmp_path / "params.yaml").write_text(text.replace(old, new))
+        return "s@p1" in run(dvc, "status")
+
+    assert not stale_after("c: {q: 1}", "c: {q: 2}")  # a section the stage does not read
+    assert not stale_after("b: {x: 1, z: 1}", "b: {x: 1, z: 2}")  # a key of it the stage does not read
+    assert not stale_after("y: 2", "y: 5")  # a value the profile overrides
+    assert stale_after("p: 1", "p: 2")  # an inherited value, deep
+    run(dvc, "repro", "-q")
+    assert stale_after("x: 1, y", "x: 7, y")

@@ -215,3 +215,21 @@ def test_gpu_stages_count_against_the_gpu_budget(root):
 def test_unknown_over_budget_policy_is_an_error(root):
     with pytest.raises(ClapError):
         build_handoff(root, BINDING, "f" * 40, CARD_P, dataclasses.replace(COST_P, over_budget="ignore"))
+
+
+def test_stage_params_merge_a_profiles_inherited_keys_under_its_own():
+    """A profile's stage records its own keys under params.yaml and the ones it inherits, dotted, under the
+    root's file (profiles/render_dvc_yaml.py): the manifest shows the values the stage read."""
+    lock = {
+        "stages": {
+            "train@r": {
+                "params": {
+                    "params.yaml": {"train": {"max_length": 2048}},
+                    "../../params.yaml": {"train.seed": 1, "train.max_length": 1024, "detector": {"seed": 7}},
+                }
+            }
+        }
+    }
+    assert stage_params(lock, "r") == {
+        "train@r": {"train": {"seed": 1, "max_length": 2048}, "detector": {"seed": 7}}
+    }
