@@ -125,10 +125,15 @@ def sniff_file(path: Path, rel: str) -> Sniffed:
     s = text.lstrip("\ufeff \t\r\n")
     if s[:1] in "[{":
         whole = _try_json(text)
-        if isinstance(whole, (list, dict)) and not _is_jsonl(text):
-            return _sniff_json(whole, rel, encodings, why)
         if _is_jsonl(text):
             return _sniff_jsonl(text, rel, encodings, why)
+        if isinstance(whole, (list, dict)):
+            sn = _sniff_json(whole, rel, encodings, why)
+            if sn.format is None and isinstance(whole, dict) and s.rstrip().count("\n") == 0:
+                return _sniff_jsonl(
+                    text, rel, encodings, why
+                )  # one flat object on one line: one JSON Lines row
+            return sn
     return _sniff_csv(text, rel, encodings, why, data)
 
 
@@ -551,7 +556,8 @@ class Init:
 
     sniffed: list[Sniffed]
     drafts: list[Draft]
-    ignored: list[str]
+    ignored: list[str]  # files not sniffed (matched by ``ignore``)
+    ignore: list[str] = field(default_factory=list)  # the globs, as given (written to assetize.ignore)
 
 
 def init_profile(exports: Path | str, answer: AnswerSchema, ignore: Iterable[str] = ()) -> Init:
@@ -582,7 +588,7 @@ def init_profile(exports: Path | str, answer: AnswerSchema, ignore: Iterable[str
         for view in sn.views:
             name = _source_name(sn.file, view, len(sn.views) > 1, taken)
             drafts.append(draft_source(sn, view, name, answer))
-    return Init(sniffed, drafts, sorted(skip))
+    return Init(sniffed, drafts, sorted(skip), list(ignore))
 
 
 # --- writing ---------------------------------------------------------------------------------------
@@ -623,7 +629,7 @@ def render_params(result: Init, exports: Path | str) -> str:
         "batches: []",
         "",
         "assetize:",
-        f"  ignore: {_dump(list(result.ignored))}",
+        f"  ignore: {_dump(list(result.ignore))}",
         "  sources: !replace",
     ]
     for d in result.drafts:

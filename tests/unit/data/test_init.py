@@ -269,8 +269,10 @@ def test_an_unrecognised_file_is_reported_never_guessed(tmp_path):
     (batch / "notes.txt").write_text("Just some prose without any delimiter at all\nand a second line\n")
     (batch / "blob.bin").write_bytes(b"\x00\x01\x02PAR1 not really\xff" * 10)
     (batch / "ok.csv").write_text("a;b\n1,5;x\n2,5;y\n", encoding="utf-8")
+    (batch / "one.jsonl").write_text('{"doc_id": "D-1", "body": "a single record on a single line"}\n')
     text, doc, result = _draft(batch, tmp_path, DEMO_ANSWER)
-    assert [d.file for d in result.drafts] == ["ok.csv"]
+    assert [d.file for d in result.drafts] == ["ok.csv", "one.jsonl"]
+    assert doc["assetize"]["sources"]["one"]["format"] == "jsonl"
     assert doc["assetize"]["sources"]["ok"]["csv"] == {"delimiter": ";", "decimal": ",", "multiline": []}
     assert "# NOT DECLARED notes.txt" in text and "# NOT DECLARED blob.bin" in text
     report = I.render_report(result)
@@ -324,3 +326,11 @@ def test_generated_csvs_sniff_their_delimiter_decimal_and_multiline_column(
     assert (sn.format, sn.delimiter, sn.decimal) == ("csv", delimiter, decimal), sn.why
     assert sn.views[0].keys == [*names, "note"]
     assert sn.multiline == (["note"] if multiline else [])
+    (decl,) = yaml.load(
+        I._dump({"s": I.draft_source(sn, sn.views[0], "s", DEMO_ANSWER).decl}), Loader=_Loader
+    ).values()
+    assert decl["csv"] == {
+        "delimiter": delimiter,
+        "decimal": decimal,
+        "multiline": sn.multiline,
+    }  # survives YAML
