@@ -130,9 +130,8 @@ def sniff_file(path: Path, rel: str) -> Sniffed:
         if isinstance(whole, (list, dict)):
             sn = _sniff_json(whole, rel, encodings, why)
             if sn.format is None and isinstance(whole, dict) and s.rstrip().count("\n") == 0:
-                return _sniff_jsonl(
-                    text, rel, encodings, why
-                )  # one flat object on one line: one JSON Lines row
+                # one flat object on one line: JSON Lines of one row
+                return _sniff_jsonl(text, rel, encodings, why)
             return sn
     return _sniff_csv(text, rel, encodings, why, data)
 
@@ -170,7 +169,8 @@ def _object_view(objects: Iterable[dict], records: str = "") -> View:
 
 
 def _sniff_jsonl(text: str, rel: str, encodings: list[str], why: str) -> Sniffed:
-    objs = [o for ln in text.split("\n") if ln.strip() and isinstance(o := _try_json(ln), dict)][:_SAMPLE]
+    lines = [ln for ln in text.split("\n") if ln.strip()][:_SAMPLE]
+    objs = [o for ln in lines if isinstance(o := _try_json(ln), dict)]
     return Sniffed(rel, "jsonl", f"{why}; every line is a JSON object", encodings, views=[_object_view(objs)])
 
 
@@ -654,8 +654,15 @@ def render_report(result: Init) -> str:
             continue
         lines.append(f"{sn.file}: {sn.format}; {sn.why}")
         for d in (d for d in result.drafts if d.file == sn.file):
-            what = ", ".join(f"{k} <- {v}" for k, v in d.declared.items()) or "nothing by name"
-            lines.append(f"  source {d.name}: declared {what}")
+            reading = "; ".join(
+                f"{k} {_dump(d.decl[k])}"
+                for k in ("encodings", "csv", "json", "xlsx", "table")
+                if k in d.decl
+            )
+            if "columns" in d.decl:
+                reading += f"{'; ' if reading else ''}{len(d.decl['columns'])} columns (exactly)"
+            what = ", ".join(f"{k} <- {v}" for k, v in d.declared.items()) or "none by name"
+            lines.append(f"  source {d.name}: declared {reading or d.decl['format']}; fields {what}")
             for key, text in d.todos.items():
                 lines.append(f"    {key}: {text}")
     for f in result.ignored:
