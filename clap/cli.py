@@ -65,7 +65,7 @@ def _init(args: argparse.Namespace) -> int:
 
     answer = load_answer_schema(args.params)
     path, result = init.write_profile(
-        args.exports, args.name, args.out, answer, args.ignore, force=args.force
+        args.exports, args.name, args.out, answer, args.ignore, force=args.force, base=args.params
     )
     print(init.render_report(result))
     todos = sum(len(d.todos) for d in result.drafts)

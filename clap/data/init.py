@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -618,12 +619,12 @@ def _dump(value: Any) -> str:
     return yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=4096).rstrip("\n")
 
 
-def render_params(result: Init, exports: Path | str) -> str:
-    """The profile's params.yaml text: an override of the root params with the drafted sources."""
+def render_params(result: Init, exports: Path | str, extends: str = "../../params.yaml") -> str:
+    """The profile's params.yaml text: an override of ``extends`` (relative to the profile) with the drafted sources."""
     out = [
         f"# Drafted by `clap init {exports}` (docs/init.md). Replace every TODO: clap refuses a declaration",
-        "# that still has one (rule todo_param). Everything not set here comes from the root params.yaml.",
-        "extends: ../../params.yaml",
+        "# that still has one (rule todo_param). Everything not set here comes from the params it extends.",
+        f"extends: {extends}",
         "",
         "# TODO: the batch folders (profiles/<name>/data/raw/<batch>/) this profile runs, oldest first",
         "batches: []",
@@ -671,8 +672,12 @@ def render_report(result: Init) -> str:
 
 
 def write_profile(exports: Path | str, name: str, out_root: Path | str, answer: AnswerSchema,
-                  ignore: Iterable[str] = (), force: bool = False) -> tuple[Path, Init]:  # fmt: skip
+                  ignore: Iterable[str] = (), force: bool = False,
+                  base: Path | str = "params.yaml") -> tuple[Path, Init]:  # fmt: skip
     """Sniff ``exports``, write ``<out_root>/<name>/params.yaml`` and return its path and the result.
+
+    The file ``extends`` ``base`` (the params whose ``task`` gave ``answer``), by a path relative
+    to the profile's folder: ``../../params.yaml`` for ``profiles/<name>/`` in the repository root.
 
     Raises:
         ClapError: rule ``bad_name`` for a name that is not a folder name, ``exists`` when the
@@ -689,5 +694,6 @@ def write_profile(exports: Path | str, name: str, out_root: Path | str, answer: 
         )
     result = init_profile(exports, answer, ignore)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_params(result, exports), encoding="utf-8")
+    extends = Path(os.path.relpath(Path(base).resolve(), target.parent.resolve())).as_posix()
+    target.write_text(render_params(result, exports, extends), encoding="utf-8")
     return target, result

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
+import os
 import re
 import shutil
 import string
@@ -49,7 +50,10 @@ _Loader.add_constructor("!replace", _replace)
 
 
 def _draft(exports: Path, tmp_path: Path, answer, ignore=()) -> tuple[str, dict, I.Init]:
-    path, result = I.write_profile(exports, "mine", tmp_path / "profiles", answer, ignore)
+    (tmp_path / "params.yaml").touch()  # the root params a profile under profiles/ extends
+    path, result = I.write_profile(
+        exports, "mine", tmp_path / "profiles", answer, ignore, base=tmp_path / "params.yaml"
+    )
     text = path.read_text(encoding="utf-8")
     return text, yaml.load(text, Loader=_Loader), result
 
@@ -285,6 +289,8 @@ def test_the_command_writes_the_profile_and_refuses_to_overwrite(tmp_path, capsy
     out = tmp_path / "profiles"
     args = ["init", str(batch), "--name", "acme", "--out", str(out), "--params", str(ROOT / "params.yaml")]
     assert main(args) == 0
+    extends = Path(os.path.relpath(ROOT / "params.yaml", out / "acme")).as_posix()
+    assert f"\nextends: {extends}\n" in (out / "acme" / "params.yaml").read_text()
     printed = capsys.readouterr().out
     assert "erp/facts.xlsx: xlsx" in printed and "fields.value: TODO" in printed
     assert f"wrote {out / 'acme' / 'params.yaml'}" in printed
