@@ -172,7 +172,8 @@ def _object_view(objects: Iterable[dict], records: str = "") -> View:
 def _sniff_jsonl(text: str, rel: str, encodings: list[str], why: str) -> Sniffed:
     lines = [ln for ln in text.split("\n") if ln.strip()][:_SAMPLE]
     objs = [o for ln in lines if isinstance(o := _try_json(ln), dict)]
-    return Sniffed(rel, "jsonl", f"{why}; every line is a JSON object", encodings, views=[_object_view(objs)])
+    what = f"{len(objs)} of the first {len(lines)} non-blank lines are JSON objects"
+    return Sniffed(rel, "jsonl", f"{why}; {what}", encodings, views=[_object_view(objs)])
 
 
 def _list_paths(
