@@ -560,6 +560,7 @@ class Init:
     drafts: list[Draft]
     ignored: list[str]  # files not sniffed (matched by ``ignore``)
     ignore: list[str] = field(default_factory=list)  # the globs, as given (written to assetize.ignore)
+    keys: tuple[str, ...] = ()  # the answer's key fields the drafts map (``<key>_raw``)
 
 
 def init_profile(exports: Path | str, answer: AnswerSchema, ignore: Iterable[str] = ()) -> Init:
@@ -590,7 +591,7 @@ def init_profile(exports: Path | str, answer: AnswerSchema, ignore: Iterable[str
         for view in sn.views:
             name = _source_name(sn.file, view, len(sn.views) > 1, taken)
             drafts.append(draft_source(sn, view, name, answer))
-    return Init(sniffed, drafts, sorted(skip), list(ignore))
+    return Init(sniffed, drafts, sorted(skip), list(ignore), answer.keys)
 
 
 # --- writing ---------------------------------------------------------------------------------------
@@ -626,6 +627,9 @@ def render_params(result: Init, exports: Path | str, extends: str = "../../param
         f"# Drafted by `clap init {exports}` (docs/init.md). Replace every TODO: clap refuses a declaration",
         "# that still has one (rule todo_param). Everything not set here comes from the params it extends.",
         f"extends: {extends}",
+        "",
+        f"# The fields map the answer `task` of the extended params (key fields: {', '.join(result.keys) or 'none'}):",
+        "# TODO: if your answer has other key fields, set `task` and normalize.keys here and map their <key>_raw fields.",
         "",
         "# TODO: the batch folders (profiles/<name>/data/raw/<batch>/) this profile runs, oldest first",
         "batches: []",
@@ -669,6 +673,10 @@ def render_report(result: Init) -> str:
                 lines.append(f"    {key}: {text}")
     for f in result.ignored:
         lines.append(f"{f}: ignored (--ignore)")
+    lines.append(
+        f"fields are drafted for the answer's key fields {list(result.keys)} (params `task` of --params): "
+        f"another answer needs its own `task`"
+    )
     return "\n".join(lines)
 
 
