@@ -41,6 +41,38 @@ def _demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("exports", type=Path, help="folder of a company's exports (one batch's files)")
+    p.add_argument("--name", required=True, help="profile name: writes <out>/<name>/params.yaml")
+    p.add_argument(
+        "--out", type=Path, default=Path("profiles"), help="folder of profiles (default: profiles)"
+    )
+    p.add_argument(
+        "--params",
+        type=Path,
+        default=Path("params.yaml"),
+        help="the params the profile extends; its `task` names the asset columns (default: params.yaml)",
+    )
+    p.add_argument(
+        "--ignore", nargs="*", default=[], metavar="GLOB", help="files not to sniff (default: none)"
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing profile params.yaml")
+
+
+def _init(args: argparse.Namespace) -> int:
+    from clap.data import init
+    from clap.task.answer import load_answer_schema
+
+    answer = load_answer_schema(args.params)
+    path, result = init.write_profile(
+        args.exports, args.name, args.out, answer, args.ignore, force=args.force, base=args.params
+    )
+    print(init.render_report(result))
+    todos = sum(len(d.todos) for d in result.drafts)
+    print(f"wrote {path}: {len(result.drafts)} sources, {todos} TODOs to choose (docs/init.md)")
+    return 0
+
+
 def _keygen_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--name",
@@ -450,6 +482,11 @@ SUBCOMMANDS: dict[
         "generate the deterministic demo raw batches (data/raw/<batch>/)",
         _demo_data_args,
         _demo_data,
+    ),
+    "init": (
+        "draft a profile's params.yaml (assetize.sources) from a folder of your own exports",
+        _init_args,
+        _init,
     ),
     "keygen": ("create an approver's Ed25519 key pair", _keygen_args, _keygen),
     "signing-keygen": (

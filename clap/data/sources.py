@@ -189,6 +189,7 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
         where = f"assetize.sources.{name}"
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
             raise _bad(f"source name {name!r} must be lower-case letters, digits and '_'", where)
+        _refuse_todo(decl, where)
         fmt = decl.get("format") if isinstance(decl, dict) else None
         opts = {
             "csv": {"csv", "encodings"},
@@ -291,6 +292,26 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
             )
         )
     return tuple(out)
+
+
+def _refuse_todo(value: Any, where: str) -> None:
+    """A ``TODO: ...`` string left in a declaration (``clap init`` drafts them) is a choice not made yet.
+
+    Read as a path it would silently map a column named "TODO: ..."; refused first, naming the key.
+    """
+    if isinstance(value, str) and value.lstrip().startswith("TODO"):
+        raise ClapError(
+            f"{where} is still a TODO of `clap init` ({value[:160]!r}): choose it (docs/init.md)",
+            file=PARAMS,
+            column=where,
+            rule="todo_param",
+        )
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_todo(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for k, v in enumerate(value):
+            _refuse_todo(v, f"{where}.{k}")
 
 
 def _decimal(value: Any, where: str) -> str:
