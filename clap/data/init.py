@@ -13,8 +13,8 @@ is the id, the answer value, the evidence, the split) is left as a ``TODO: <what
 it: a draft never runs as if someone had decided. A file that is none of the formats is reported
 and not declared (assetize then refuses it as ``unknown_file`` until it is declared or ignored).
 
-The draft is a params override (``extends: ../../params.yaml``; the sources under
-``assetize: {sources: !replace {...}}``), so the profile inherits everything else, including the
+The draft is a params override (``extends: ../../params.yaml``, with ``replace: [assetize.sources]`` so
+its sources replace the root's instead of merging into them), so the profile inherits everything else, including the
 answer declaration (params ``task``) whose key fields name the asset columns drafted here.
 """
 
@@ -627,6 +627,7 @@ def render_params(result: Init, exports: Path | str, extends: str = "../../param
         f"# Drafted by `clap init {exports}` (docs/init.md). Replace every TODO: clap refuses a declaration",
         "# that still has one (rule todo_param). Everything not set here comes from the params it extends.",
         f"extends: {extends}",
+        "replace: [assetize.sources]   # these sources replace the extended params' own (clap/params.py)",
         "",
         f"# The fields map the answer `task` of the extended params (key fields: {', '.join(result.keys) or 'none'}):",
         "# TODO: if your answer has other key fields, set `task` and normalize.keys here and map their <key>_raw fields.",
@@ -636,7 +637,7 @@ def render_params(result: Init, exports: Path | str, extends: str = "../../param
         "",
         "assetize:",
         f"  ignore: {_dump(list(result.ignore))}",
-        "  sources: !replace",
+        "  sources:",
     ]
     for d in result.drafts:
         sn = next(s for s in result.sniffed if s.file == d.file)

@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clap import params as clap_params
 from clap.cli import main
 from clap.data import assetize as A
 from clap.data import init as I
@@ -36,26 +37,15 @@ TATQA = ROOT / "profiles" / "tatqa"
 READING = ("files", "format", "encodings", "csv", "json", "xlsx", "columns", "table")
 
 
-class _Loader(yaml.SafeLoader):
-    """Reads a drafted profile: the `!replace` tag (the override merge's) is read as plain YAML."""
-
-
-def _replace(loader: yaml.SafeLoader, node: yaml.Node):
-    if isinstance(node, yaml.MappingNode):
-        return loader.construct_mapping(node, deep=True)
-    return loader.construct_sequence(node, deep=True)
-
-
-_Loader.add_constructor("!replace", _replace)
-
-
 def _draft(exports: Path, tmp_path: Path, answer, ignore=()) -> tuple[str, dict, I.Init]:
-    (tmp_path / "params.yaml").touch()  # the root params a profile under profiles/ extends
+    shutil.copy(
+        ROOT / "params.yaml", tmp_path / "params.yaml"
+    )  # the root params a profile under profiles/ extends
     path, result = I.write_profile(
         exports, "mine", tmp_path / "profiles", answer, ignore, base=tmp_path / "params.yaml"
     )
     text = path.read_text(encoding="utf-8")
-    return text, yaml.load(text, Loader=_Loader), result
+    return text, clap_params.load(path), result  # the draft merged onto the root, as the stages read it
 
 
 def _match(drafted: dict, committed: dict) -> dict[str, str]:
@@ -131,7 +121,7 @@ def test_demo_exports_sniff_as_declared_and_read_the_same(tmp_path):
     committed = raw_section("assetize", ROOT / "params.yaml")["sources"]
     text, doc, result = _draft(batch, tmp_path, DEMO_ANSWER, ignore=["MANIFEST.json"])
     assert text.startswith("#") and "\nextends: ../../params.yaml\n" in text
-    assert "  sources: !replace\n" in text and "\nbatches: []" in text
+    assert "\nreplace: [assetize.sources]" in text and "\nbatches: []" in text
     drafted = doc["assetize"]["sources"]
     match = _match(drafted, committed)
     assert len(drafted) == len(committed) == 5
@@ -333,7 +323,7 @@ def test_generated_csvs_sniff_their_delimiter_decimal_and_multiline_column(
     assert sn.views[0].keys == [*names, "note"]
     assert sn.multiline == (["note"] if multiline else [])
     (decl,) = yaml.load(
-        I._dump({"s": I.draft_source(sn, sn.views[0], "s", DEMO_ANSWER).decl}), Loader=_Loader
+        I._dump({"s": I.draft_source(sn, sn.views[0], "s", DEMO_ANSWER).decl}), Loader=yaml.SafeLoader
     ).values()
     assert decl["csv"] == {
         "delimiter": delimiter,
