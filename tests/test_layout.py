@@ -69,6 +69,22 @@ def test_stage_scripts_are_thin():
     assert too_long == {}
 
 
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_library_function_is_longer_than_80_lines():
+    """A long function is where changes get hard: split it by its steps into named helpers. Counted
+    from ``def`` to its last line, docstring included."""
+    too_long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines"
+        for path in sorted(_python_files("clap"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert too_long == [], f"longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
+
+
 def test_no_private_keys_are_tracked():
     files = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True

@@ -106,6 +106,28 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
             ambiguously, or have too many bad lines (the message says what the file looks like).
     """
     declared = _declared(encodings)
+    _check_share(max_bad_line_share)
+    ctx = f"declared encodings {list(encodings)}"
+
+    def fail(message: str, row: int | None = None) -> ClapError:
+        return ClapError(f"{message}; {ctx}", file=file, row=row, rule="bad_encoding")
+
+    wide = _binary_or_wide(data, declared, fail)
+    if wide is not None:
+        return wide
+    bom = _utf8_bom(data, declared, fail)
+    body = data[bom:]
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        return _valid_utf8(text, body, bom, declared, fail)
+    return _invalid_utf8(data, body, bom, declared, max_bad_line_share, fail)
+
+
+def _check_share(max_bad_line_share: float) -> None:
+    """``max_bad_line_share`` must be a number (not a bool) in 0..1: bad params otherwise."""
     if (
         isinstance(max_bad_line_share, bool)
         or not isinstance(max_bad_line_share, (int, float))
@@ -116,11 +138,13 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
             column="max_bad_line_share",
             rule="bad_params",
         )
-    ctx = f"declared encodings {list(encodings)}"
 
-    def fail(message: str, row: int | None = None) -> ClapError:
-        return ClapError(f"{message}; {ctx}", file=file, row=row, rule="bad_encoding")
 
+def _binary_or_wide(
+    data: bytes, declared: list[tuple[str, str]], fail: Callable[..., ClapError]
+) -> Decoded | None:
+    """Steps 1 and 2: a binary signature is an error; a UTF-32/UTF-16 byte-order mark or NUL-byte pattern
+    decodes as that encoding if declared (an error if not); None when the bytes show neither."""
     what = _binary_format(data[:_SNIFF])
     if what is not None:
         raise fail(f"file is {what}, not text")
@@ -138,7 +162,12 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
         if name is None:
             raise fail(f"file looks like {label} without a byte-order mark ({why})")
         return Decoded(_strict_wide(data, 0, codec, fail), name, {}, f"no byte-order mark; {why}: {label}")
+    return None
 
+
+def _utf8_bom(data: bytes, declared: list[tuple[str, str]], fail: Callable[..., ClapError]) -> int:
+    """Step 3: the length of a UTF-8 byte-order mark at the start (0: none); one is an error unless
+    ``utf-8-sig`` is declared."""
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     if bom:
         name = _pick(declared, ("utf-8-sig",))
@@ -149,66 +178,91 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
                 else ""
             )
             raise fail(f"file starts with a UTF-8 byte-order mark{hint}")
-    body = data[bom:]
-    mark = "UTF-8 byte-order mark; " if bom else ""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None:
-        multi = _non_ascii(text)
-        if multi:
-            name = _pick(declared, _UTF8)
-            if name is None:
-                at = _line_of(body, re.search(rb"[\x80-\xff]", body).start())
-                raise fail(
-                    f"file is valid UTF-8 with {multi} multi-byte sequences (the first on line {at}), "
-                    f"which no declared encoding reads as such",
-                    row=at,
-                )
-            return Decoded(
-                text, name, {}, f"{mark}valid UTF-8: {multi} multi-byte sequences, no invalid bytes"
-            )
-        if bom:
-            return Decoded(text, _pick(declared, ("utf-8-sig",)), {}, f"{mark}ASCII only")
-        name = next((given for given, _ in declared if _ascii_compatible(given)), None)
-        if name is None:
-            raise fail(
-                "file is ASCII text without a byte-order mark or NUL bytes, which no declared encoding reads"
-            )
-        return Decoded(
-            text, name, {}, "ASCII only (no byte >= 0x80): every ASCII-compatible encoding reads it the same"
-        )
+    return bom
 
+
+def _valid_utf8(
+    text: str, body: bytes, bom: int, declared: list[tuple[str, str]], fail: Callable[..., ClapError]
+) -> Decoded:
+    """Step 4: a body that is valid UTF-8 throughout (``text``): UTF-8 when it has multi-byte sequences
+    or a byte-order mark, else (ASCII only) the first declared ASCII-compatible encoding."""
+    mark = "UTF-8 byte-order mark; " if bom else ""
+    multi = _non_ascii(text)
+    if multi:
+        name = _pick(declared, _UTF8)
+        if name is None:
+            at = _line_of(body, re.search(rb"[\x80-\xff]", body).start())
+            raise fail(
+                f"file is valid UTF-8 with {multi} multi-byte sequences (the first on line {at}), "
+                f"which no declared encoding reads as such",
+                row=at,
+            )
+        return Decoded(text, name, {}, f"{mark}valid UTF-8: {multi} multi-byte sequences, no invalid bytes")
+    if bom:
+        return Decoded(text, _pick(declared, ("utf-8-sig",)), {}, f"{mark}ASCII only")
+    name = next((given for given, _ in declared if _ascii_compatible(given)), None)
+    if name is None:
+        raise fail(
+            "file is ASCII text without a byte-order mark or NUL bytes, which no declared encoding reads"
+        )
+    return Decoded(
+        text, name, {}, "ASCII only (no byte >= 0x80): every ASCII-compatible encoding reads it the same"
+    )
+
+
+def _invalid_utf8(
+    data: bytes,
+    body: bytes,
+    bom: int,
+    declared: list[tuple[str, str]],
+    max_bad_line_share: float,
+    fail: Callable[..., ClapError],
+) -> Decoded:
+    """Steps 5 and 6: a body with invalid UTF-8 bytes. With valid multi-byte sequences (or a byte-order
+    mark: evidence too) it is UTF-8 with bad lines, up to ``max_bad_line_share`` of them; with none, a
+    legacy export (:func:`_legacy`)."""
     text, bad, invalid = _utf8_lines(body, bom)
     multi = _non_ascii(text) - invalid
     first = min(bad)
     lines = _line_count(body)
-    if multi or bom:  # a UTF-8 byte-order mark is evidence too
-        name = _pick(declared, _UTF8)
-        if name is None:
-            raise fail(
-                f"file is UTF-8 with {multi} valid multi-byte sequences and {invalid} invalid ones "
-                f"(first: {bad[first]}), which no declared encoding reads",
-                row=first,
-            )
-        share = len(bad) / lines
-        if share > max_bad_line_share:
-            raise fail(
-                f"{len(bad)} of {lines} lines ({share:.0%}) have bytes that are not valid UTF-8 in a file "
-                f"with {multi} valid multi-byte UTF-8 sequences (more than max_bad_line_share "
-                f"{max_bad_line_share}: mixed encodings?); first: {bad[first]}",
-                row=first,
-            )
-        return Decoded(
-            text,
-            name,
-            bad,
-            f"{mark}UTF-8: {multi} valid multi-byte sequences; {len(bad)} of {lines} lines have invalid "
-            f"bytes (lines {_some(bad)})",
+    if not (multi or bom):
+        return _legacy(data, declared, bad, invalid, lines, fail)
+    name = _pick(declared, _UTF8)
+    if name is None:
+        raise fail(
+            f"file is UTF-8 with {multi} valid multi-byte sequences and {invalid} invalid ones "
+            f"(first: {bad[first]}), which no declared encoding reads",
+            row=first,
         )
+    share = len(bad) / lines
+    if share > max_bad_line_share:
+        raise fail(
+            f"{len(bad)} of {lines} lines ({share:.0%}) have bytes that are not valid UTF-8 in a file "
+            f"with {multi} valid multi-byte UTF-8 sequences (more than max_bad_line_share "
+            f"{max_bad_line_share}: mixed encodings?); first: {bad[first]}",
+            row=first,
+        )
+    mark = "UTF-8 byte-order mark; " if bom else ""
+    return Decoded(
+        text,
+        name,
+        bad,
+        f"{mark}UTF-8: {multi} valid multi-byte sequences; {len(bad)} of {lines} lines have invalid "
+        f"bytes (lines {_some(bad)})",
+    )
 
-    # no valid multi-byte UTF-8 at all: a legacy single/multi-byte export, if declared
+
+def _legacy(
+    data: bytes,
+    declared: list[tuple[str, str]],
+    bad: dict[int, str],
+    invalid: int,
+    lines: int,
+    fail: Callable[..., ClapError],
+) -> Decoded:
+    """Step 6: no valid multi-byte UTF-8 at all (``invalid`` sequences on the ``bad`` lines): a legacy
+    single/multi-byte export, read by the first declared non-UTF encoding that decodes every byte."""
+    first = min(bad)
     if b"\x00" in data:
         raise fail(
             f"file is not UTF-8 (first: {bad[first]}) and has NUL bytes: it looks like {describe(data)}",

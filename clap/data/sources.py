@@ -184,114 +184,7 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
     """
     if not isinstance(raw, dict) or not raw:
         raise _bad("assetize.sources must map source names to declarations", "assetize.sources")
-    out = []
-    for name, decl in raw.items():
-        where = f"assetize.sources.{name}"
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
-            raise _bad(f"source name {name!r} must be lower-case letters, digits and '_'", where)
-        _refuse_todo(decl, where)
-        fmt = decl.get("format") if isinstance(decl, dict) else None
-        opts = {
-            "csv": {"csv", "encodings"},
-            "jsonl": {"encodings"},
-            "json": {"json", "encodings"},
-            "parquet": set(),
-            "xlsx": {"xlsx"},
-        }
-        if fmt not in opts:
-            raise _bad(f"{where}.format must be one of {list(FORMATS)}, got {fmt!r}", f"{where}.format")
-        _keys(
-            decl,
-            where,
-            {"files", "format", "target", "id", "unique", "fields"} | opts[fmt],
-            {"columns", "table", "only"},
-        )
-        target = decl["target"]
-        if target not in TARGETS:
-            raise _bad(f"{where}.target must be one of {list(TARGETS)}, got {target!r}", f"{where}.target")
-        fields = decl["fields"]
-        if not isinstance(fields, dict):
-            raise _bad(f"{where}.fields must map asset columns to source fields", f"{where}.fields")
-        need, have = columns[target], set(fields)
-        if sorted(have - set(need)):
-            bad = sorted(have - set(need))[0]
-            raise _bad(
-                f"{where}.fields.{bad}: {target} assets have no column {bad!r} (columns: {list(need)})",
-                f"{where}.fields.{bad}",
-            )
-        if [c for c in need if c not in have]:
-            miss = [c for c in need if c not in have][0]
-            raise ClapError(
-                f"{where}.fields must map the {target} column {miss!r}",
-                file=PARAMS,
-                column=f"{where}.fields.{miss}",
-                rule="missing_param",
-            )
-        unique = tuple(decl["unique"]) if isinstance(decl["unique"], list) else ()
-        if not unique or not set(unique) <= have or decl["id"] not in have:
-            raise _bad(f"{where}.unique (a list) and {where}.id must name mapped columns", f"{where}.unique")
-        kw: dict[str, Any] = {}
-        if fmt in TEXT_FORMATS:
-            enc = decl["encodings"]
-            if not isinstance(enc, list) or not enc or not all(isinstance(e, str) for e in enc):
-                raise _bad(
-                    f"{where}.encodings must be a non-empty list of encoding names", f"{where}.encodings"
-                )
-            kw["encodings"] = tuple(enc)
-        if fmt == "csv":
-            c = _keys(decl["csv"], f"{where}.csv", {"delimiter", "decimal", "multiline"})
-            if len(str(c["delimiter"])) != 1 or c["delimiter"] in '"\n\r':
-                raise _bad(
-                    f"{where}.csv.delimiter must be one character other than a quote",
-                    f"{where}.csv.delimiter",
-                )
-            kw.update(delimiter=c["delimiter"], multiline=tuple(c["multiline"]))
-            kw["decimal"] = _decimal(c["decimal"], f"{where}.csv.decimal")
-        if fmt == "json":
-            kw["records"] = str(_keys(decl["json"], f"{where}.json", {"records"})["records"])
-        if fmt == "xlsx":
-            x = _keys(decl["xlsx"], f"{where}.xlsx", {"sheet", "decimal"})
-            kw.update(sheet=str(x["sheet"]), decimal=_decimal(x["decimal"], f"{where}.xlsx.decimal"))
-        if "columns" in decl:
-            if fmt not in ("csv", "xlsx", "parquet"):
-                raise _bad(f"{where}.columns applies to csv, xlsx and parquet sources", f"{where}.columns")
-            kw["columns"] = tuple(decl["columns"])
-        if "only" in decl:
-            only = decl["only"]
-            if (
-                not isinstance(only, dict)
-                or not only
-                or not all(isinstance(v, list) and v for v in only.values())
-            ):
-                raise _bad(
-                    f"{where}.only must map paths to the non-empty list of values a kept row has",
-                    f"{where}.only",
-                )
-            kw["only"] = tuple((str(k), tuple(v)) for k, v in only.items())
-        if "table" in decl:
-            t = _keys(decl["table"], f"{where}.table", {"cells", "header_rows"})
-            if target != "documents" or fmt not in ("json", "jsonl"):
-                raise _bad(f"{where}.table applies to json/jsonl documents sources", f"{where}.table")
-            if not (
-                t["header_rows"] == "auto" or (isinstance(t["header_rows"], int) and t["header_rows"] >= 0)
-            ):
-                raise _bad(
-                    f"{where}.table.header_rows must be 'auto' or an int >= 0", f"{where}.table.header_rows"
-                )
-            kw["table"] = TableSpec(str(t["cells"]), t["header_rows"])
-        out.append(
-            Source(
-                name=str(name),
-                files=str(decl["files"]),
-                format=fmt,
-                target=target,
-                id=str(decl["id"]),
-                unique=unique,
-                fields={k: parse_field(v, f"{where}.fields.{k}") for k, v in fields.items()},
-                **kw,
-            )
-        )
-    return tuple(out)
+    return tuple(_parse_source(name, decl, columns) for name, decl in raw.items())
 
 
 def _refuse_todo(value: Any, where: str) -> None:
@@ -312,6 +205,133 @@ def _refuse_todo(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for k, v in enumerate(value):
             _refuse_todo(v, f"{where}.{k}")
+
+
+# the keys each format's declaration has besides the common ones
+_FORMAT_KEYS = {
+    "csv": {"csv", "encodings"},
+    "jsonl": {"encodings"},
+    "json": {"json", "encodings"},
+    "parquet": set(),
+    "xlsx": {"xlsx"},
+}
+
+
+def _parse_source(name: Any, decl: Any, columns: Mapping[str, tuple[str, ...]]) -> Source:
+    """One source's declaration (``assetize.sources.<name>``), checked, as a :class:`Source`."""
+    where = f"assetize.sources.{name}"
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
+        raise _bad(f"source name {name!r} must be lower-case letters, digits and '_'", where)
+    _refuse_todo(decl, where)
+    fmt = decl.get("format") if isinstance(decl, dict) else None
+    if fmt not in _FORMAT_KEYS:
+        raise _bad(f"{where}.format must be one of {list(FORMATS)}, got {fmt!r}", f"{where}.format")
+    _keys(
+        decl,
+        where,
+        {"files", "format", "target", "id", "unique", "fields"} | _FORMAT_KEYS[fmt],
+        {"columns", "table", "only"},
+    )
+    target = decl["target"]
+    if target not in TARGETS:
+        raise _bad(f"{where}.target must be one of {list(TARGETS)}, got {target!r}", f"{where}.target")
+    fields = decl["fields"]
+    have = _mapped_columns(fields, columns, target, where)
+    unique = tuple(decl["unique"]) if isinstance(decl["unique"], list) else ()
+    if not unique or not set(unique) <= have or decl["id"] not in have:
+        raise _bad(f"{where}.unique (a list) and {where}.id must name mapped columns", f"{where}.unique")
+    kw = _read_options(decl, fmt, where)
+    kw.update(_row_options(decl, fmt, target, where))
+    return Source(
+        name=str(name),
+        files=str(decl["files"]),
+        format=fmt,
+        target=target,
+        id=str(decl["id"]),
+        unique=unique,
+        fields={k: parse_field(v, f"{where}.fields.{k}") for k, v in fields.items()},
+        **kw,
+    )
+
+
+def _mapped_columns(fields: Any, columns: Mapping[str, tuple[str, ...]], target: str, where: str) -> set[str]:
+    """The asset columns ``fields`` maps: exactly the columns of ``target`` assets (``columns[target]``)."""
+    if not isinstance(fields, dict):
+        raise _bad(f"{where}.fields must map asset columns to source fields", f"{where}.fields")
+    need, have = columns[target], set(fields)
+    if sorted(have - set(need)):
+        bad = sorted(have - set(need))[0]
+        raise _bad(
+            f"{where}.fields.{bad}: {target} assets have no column {bad!r} (columns: {list(need)})",
+            f"{where}.fields.{bad}",
+        )
+    if [c for c in need if c not in have]:
+        miss = [c for c in need if c not in have][0]
+        raise ClapError(
+            f"{where}.fields must map the {target} column {miss!r}",
+            file=PARAMS,
+            column=f"{where}.fields.{miss}",
+            rule="missing_param",
+        )
+    return have
+
+
+def _read_options(decl: dict, fmt: str, where: str) -> dict[str, Any]:
+    """How a file of the source is read (:class:`Source` keywords): encodings, the csv, json and xlsx
+    options of its format, the exact header (``columns``)."""
+    kw: dict[str, Any] = {}
+    if fmt in TEXT_FORMATS:
+        enc = decl["encodings"]
+        if not isinstance(enc, list) or not enc or not all(isinstance(e, str) for e in enc):
+            raise _bad(f"{where}.encodings must be a non-empty list of encoding names", f"{where}.encodings")
+        kw["encodings"] = tuple(enc)
+    if fmt == "csv":
+        c = _keys(decl["csv"], f"{where}.csv", {"delimiter", "decimal", "multiline"})
+        if len(str(c["delimiter"])) != 1 or c["delimiter"] in '"\n\r':
+            raise _bad(
+                f"{where}.csv.delimiter must be one character other than a quote",
+                f"{where}.csv.delimiter",
+            )
+        kw.update(delimiter=c["delimiter"], multiline=tuple(c["multiline"]))
+        kw["decimal"] = _decimal(c["decimal"], f"{where}.csv.decimal")
+    if fmt == "json":
+        kw["records"] = str(_keys(decl["json"], f"{where}.json", {"records"})["records"])
+    if fmt == "xlsx":
+        x = _keys(decl["xlsx"], f"{where}.xlsx", {"sheet", "decimal"})
+        kw.update(sheet=str(x["sheet"]), decimal=_decimal(x["decimal"], f"{where}.xlsx.decimal"))
+    if "columns" in decl:
+        if fmt not in ("csv", "xlsx", "parquet"):
+            raise _bad(f"{where}.columns applies to csv, xlsx and parquet sources", f"{where}.columns")
+        kw["columns"] = tuple(decl["columns"])
+    return kw
+
+
+def _row_options(decl: dict, fmt: str, target: str, where: str) -> dict[str, Any]:
+    """Which rows the source yields (:class:`Source` keywords): the kept values (``only``) and the
+    table a documents source's records hold (``table``)."""
+    kw: dict[str, Any] = {}
+    if "only" in decl:
+        only = decl["only"]
+        if (
+            not isinstance(only, dict)
+            or not only
+            or not all(isinstance(v, list) and v for v in only.values())
+        ):
+            raise _bad(
+                f"{where}.only must map paths to the non-empty list of values a kept row has",
+                f"{where}.only",
+            )
+        kw["only"] = tuple((str(k), tuple(v)) for k, v in only.items())
+    if "table" in decl:
+        t = _keys(decl["table"], f"{where}.table", {"cells", "header_rows"})
+        if target != "documents" or fmt not in ("json", "jsonl"):
+            raise _bad(f"{where}.table applies to json/jsonl documents sources", f"{where}.table")
+        if not (t["header_rows"] == "auto" or (isinstance(t["header_rows"], int) and t["header_rows"] >= 0)):
+            raise _bad(
+                f"{where}.table.header_rows must be 'auto' or an int >= 0", f"{where}.table.header_rows"
+            )
+        kw["table"] = TableSpec(str(t["cells"]), t["header_rows"])
+    return kw
 
 
 def _decimal(value: Any, where: str) -> str:

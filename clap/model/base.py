@@ -429,8 +429,6 @@ def completion_nll(
     """
     import torch
 
-    from clap.model.kv import buffered_cache
-
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = lm.get_decoder(), lm.get_output_embeddings()
     device = head.weight.device
@@ -443,44 +441,57 @@ def completion_nll(
             group = [i for i, c in enumerate(cuts) if c == cut]
             for sub in length_batches([views[i] for i in group], max_tokens):
                 batch = [group[j] for j in sub]
-                lengths = [len(views[i].input_ids) for i in batch]
-                width = max(lengths)
-                ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-                mask = torch.zeros(len(batch), width, dtype=torch.long, device=device)
-                for row, (i, n) in enumerate(zip(batch, lengths)):
-                    ids[row, :n] = torch.tensor(views[i].input_ids, device=device)
-                    mask[row, :n] = 1
-                if cut:
-                    ones = torch.ones(len(batch), cut, dtype=torch.long, device=device)
-                    hidden = decoder(
-                        input_ids=ids,
-                        attention_mask=torch.cat([ones, mask], dim=1),
-                        position_ids=torch.arange(cut, cut + width, device=device).expand(len(batch), -1),
-                        cache=buffered_cache(prefix.cache, len(batch), cut + width),
-                        use_cache=True,
-                    ).last_hidden_state
-                else:
-                    # no padding in the batch: no mask, so attention keeps its causal fast path
-                    padded = min(lengths) < width
-                    hidden = decoder(
-                        input_ids=ids, attention_mask=mask if padded else None, use_cache=False
-                    ).last_hidden_state
-                # positions n_prompt-1 .. n-2 of each row predict its completion tokens
-                rows = torch.cat(
-                    [
-                        torch.full((n - views[i].n_prompt,), r, device=device)
-                        for r, (i, n) in enumerate(zip(batch, lengths))
-                    ]
-                )
-                cols = torch.cat(
-                    [
-                        torch.arange(views[i].n_prompt - 1, n - 1, device=device)
-                        for i, n in zip(batch, lengths)
-                    ]
-                )
-                logp = torch.log_softmax(head(hidden[rows, cols]).float(), dim=-1)
-                token_nll = -logp.gather(1, ids[rows, cols + 1][:, None])[:, 0]
-                counts = [n - views[i].n_prompt for i, n in zip(batch, lengths)]
-                for i, nll in zip(batch, torch.split(token_nll, counts)):
-                    out[i] = (float(nll.sum()), int(nll.numel()))
+                rows = [views[i] for i in batch]
+                ids, hidden = _batch_hidden(decoder, rows, cut, prefix, device)
+                for i, score in zip(batch, _batch_completion_nll(head, ids, hidden, rows, device)):
+                    out[i] = score
     return out
+
+
+def _batch_hidden(decoder, rows: list[Encoded], cut: int, prefix: Prefix | None, device) -> tuple[Any, Any]:
+    """One padded batch through the decoder: the right-padded token ids (rows x longest row) and the last
+    hidden states; after the prefix's cached keys and values when ``cut`` (the prefix's length) is not 0."""
+    import torch
+
+    from clap.model.kv import buffered_cache
+
+    lengths = [len(r.input_ids) for r in rows]
+    width = max(lengths)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for row, (r, n) in enumerate(zip(rows, lengths)):
+        ids[row, :n] = torch.tensor(r.input_ids, device=device)
+        mask[row, :n] = 1
+    if cut:
+        ones = torch.ones(len(rows), cut, dtype=torch.long, device=device)
+        hidden = decoder(
+            input_ids=ids,
+            attention_mask=torch.cat([ones, mask], dim=1),
+            position_ids=torch.arange(cut, cut + width, device=device).expand(len(rows), -1),
+            cache=buffered_cache(prefix.cache, len(rows), cut + width),
+            use_cache=True,
+        ).last_hidden_state
+    else:
+        # no padding in the batch: no mask, so attention keeps its causal fast path
+        padded = min(lengths) < width
+        hidden = decoder(
+            input_ids=ids, attention_mask=mask if padded else None, use_cache=False
+        ).last_hidden_state
+    return ids, hidden
+
+
+def _batch_completion_nll(head, ids, hidden, rows: list[Encoded], device) -> list[tuple[float, int]]:
+    """(nll_sum, n_tokens) of each row's completion from its batch's hidden states: the LM head applied
+    at the completion-predicting positions only."""
+    import torch
+
+    lengths = [len(r.input_ids) for r in rows]
+    # positions n_prompt-1 .. n-2 of each row predict its completion tokens
+    at_rows = torch.cat(
+        [torch.full((n - r.n_prompt,), k, device=device) for k, (r, n) in enumerate(zip(rows, lengths))]
+    )
+    cols = torch.cat([torch.arange(r.n_prompt - 1, n - 1, device=device) for r, n in zip(rows, lengths)])
+    logp = torch.log_softmax(head(hidden[at_rows, cols]).float(), dim=-1)
+    token_nll = -logp.gather(1, ids[at_rows, cols + 1][:, None])[:, 0]
+    counts = [n - r.n_prompt for r, n in zip(rows, lengths)]
+    return [(float(nll.sum()), int(nll.numel())) for nll in torch.split(token_nll, counts)]

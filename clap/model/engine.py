@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from clap.errors import ClapError
@@ -160,51 +160,80 @@ def llama_graph(model: Any, weights: str = "f32") -> Any:
     The attention mask is the causal mask within the new tokens and the padding mask over all keys,
     as transformers builds it (query ``i`` of ``T`` new tokens sits at index ``S - T + i`` of ``S`` keys).
     """
-    import numpy as np
-    import openvino as ov
-    import openvino.opset13 as ops
-    from openvino import op as ov_op
-
-    cfg = model.config
-    if (why := _unsupported(cfg)) is not None:
+    if (why := _unsupported(model.config)) is not None:
         raise ClapError(f"the openvino engine cannot build this model: {why}", rule="engine_unsupported")
-    sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    theta = (getattr(cfg, "rope_parameters", None) or {}).get(
-        "rope_theta", getattr(cfg, "rope_theta", 10000.0)
-    )
-
-    def const(x, dtype=None):
-        return ops.constant(np.asarray(x, dtype=dtype))
-
-    def i64(*x):
-        return const(list(x), np.int64)
-
-    def weight(w):  # (out, in)
-        if weights == "f32":
-            return const(w)
-        q, scale = int8_weights(w)
-        return ops.multiply(ops.convert(const(q), ov.Type.f32), const(scale))
-
-    def linear(x, name):  # x @ W^T, W (out, in) as stored by torch
-        return ops.matmul(x, weight(sd[name + ".weight"]), False, True)
-
-    def rms_norm(x, name):
-        var = ops.reduce_mean(ops.power(x, const(2.0, np.float32)), i64(-1), True)
-        inv = ops.divide(const(1.0, np.float32), ops.sqrt(ops.add(var, const(cfg.rms_norm_eps, np.float32))))
-        return ops.multiply(ops.multiply(x, inv), const(sd[name + ".weight"]))
-
+    g = _LlamaOps(model, weights)
+    np, ov, ops = g.np, g.ov, g.ops
     input_ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
     attention_mask = ops.parameter([-1, -1], ov.Type.i64, name="attention_mask")
     position_ids = ops.parameter([-1, -1], ov.Type.i64, name="position_ids")
     beam_idx = ops.parameter([-1], ov.Type.i32, name="beam_idx")
+    rope = _rotary(g, position_ids)
+    mask, batch = _attention_mask(g, input_ids, attention_mask)
+    empty = ops.broadcast(g.const(0.0, np.float32), ops.concat([batch, g.i64(g.kv_heads, 0, g.dim)], 0))
+    x = ops.gather(g.const(g.sd["model.embed_tokens.weight"]), input_ids, g.const(0, np.int64))
+    sinks: list[Any] = []
+    for layer in range(g.cfg.num_hidden_layers):
+        x = _decoder_layer(g, x, layer, rope, mask, empty, beam_idx, sinks)
+    last = ops.gather(g.rms_norm(x, "model.norm"), g.const(-1, np.int64), g.const(1, np.int64))  # B,E
+    head = g.sd.get("lm_head.weight", g.sd["model.embed_tokens.weight"])
+    logits = ops.unsqueeze(
+        ops.matmul(last, g.weight(head), False, True), g.i64(1)
+    )  # B,1,V as exporters shape it
+    logits.output(0).set_names({"logits"})
+    return ov.Model(
+        [ops.result(logits)], sinks, [input_ids, attention_mask, position_ids, beam_idx], "clap-llama"
+    )
 
-    # rotary embedding, as transformers' default rope: angle = position * theta^(-2i/d), halves rotated
+
+class _LlamaOps:
+    """What :func:`llama_graph` writes its ops with: the model's config and f32 state dict, its head
+    sizes, and constants, (int8) linear layers and RMSNorm as OpenVINO ops."""
+
+    def __init__(self, model: Any, weights: str):
+        import numpy as np
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        self.np, self.ov, self.ops, self.weights = np, ov, ops, weights
+        cfg = self.cfg = model.config
+        self.sd = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+
+    def const(self, x: Any, dtype: Any = None) -> Any:
+        return self.ops.constant(self.np.asarray(x, dtype=dtype))
+
+    def i64(self, *x: int) -> Any:
+        return self.const(list(x), self.np.int64)
+
+    def weight(self, w: Any) -> Any:  # (out, in)
+        if self.weights == "f32":
+            return self.const(w)
+        q, scale = int8_weights(w)
+        return self.ops.multiply(self.ops.convert(self.const(q), self.ov.Type.f32), self.const(scale))
+
+    def linear(self, x: Any, name: str) -> Any:  # x @ W^T, W (out, in) as stored by torch
+        return self.ops.matmul(x, self.weight(self.sd[name + ".weight"]), False, True)
+
+    def rms_norm(self, x: Any, name: str) -> Any:
+        ops, f32 = self.ops, self.np.float32
+        var = ops.reduce_mean(ops.power(x, self.const(2.0, f32)), self.i64(-1), True)
+        inv = ops.divide(self.const(1.0, f32), ops.sqrt(ops.add(var, self.const(self.cfg.rms_norm_eps, f32))))
+        return ops.multiply(ops.multiply(x, inv), self.const(self.sd[name + ".weight"]))
+
+
+def _rotary(g: _LlamaOps, position_ids: Any) -> Callable[[Any], Any]:
+    """The rotary embedding at ``position_ids``, as transformers' default rope (angle = position *
+    theta^(-2i/d), halves rotated): a function from a B,h,T,D tensor to its rotated self."""
+    np, ops, i64, dim = g.np, g.ops, g.i64, g.dim
+    theta = (getattr(g.cfg, "rope_parameters", None) or {}).get(
+        "rope_theta", getattr(g.cfg, "rope_theta", 10000.0)
+    )
     inv_freq = (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)).astype(
         np.float32
     )
-    angles = ops.multiply(ops.unsqueeze(ops.convert(position_ids, ov.Type.f32), i64(-1)), const(inv_freq))
+    angles = ops.multiply(ops.unsqueeze(ops.convert(position_ids, g.ov.Type.f32), i64(-1)), g.const(inv_freq))
     angles = ops.concat([angles, angles], -1)
     cos, sin = (ops.unsqueeze(f(angles), i64(1)) for f in (ops.cos, ops.sin))  # B,1,T,D
 
@@ -214,6 +243,13 @@ def llama_graph(model: Any, weights: str = "f32") -> Any:
         x2 = ops.slice(t, i64(half), i64(dim), i64(1), i64(3))
         return ops.add(ops.multiply(t, cos), ops.multiply(ops.concat([ops.negative(x2), x1], -1), sin))
 
+    return rope
+
+
+def _attention_mask(g: _LlamaOps, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
+    """The additive attention mask (B,1,T,S: 0 where allowed, the f32 minimum elsewhere): causal within
+    the new tokens, padding over all keys; and the batch size (a 1-element i64 tensor)."""
+    np, ov, ops, const, i64 = g.np, g.ov, g.ops, g.const, g.i64
     shape = ops.shape_of(input_ids, ov.Type.i64)
     batch, new = (ops.gather(shape, i64(k), const(0, np.int64)) for k in (0, 1))
     keys = ops.gather(ops.shape_of(attention_mask, ov.Type.i64), i64(1), const(0, np.int64))
@@ -226,55 +262,67 @@ def llama_graph(model: Any, weights: str = "f32") -> Any:
     padding = ops.unsqueeze(ops.convert(attention_mask, ov.Type.boolean), i64(1, 2))  # B,1,1,S
     allowed = ops.logical_and(ops.unsqueeze(causal, i64(0, 1)), padding)  # B,1,T,S
     mask = ops.select(allowed, const(0.0, np.float32), const(np.finfo(np.float32).min, np.float32))
+    return mask, batch
 
-    empty = ops.broadcast(const(0.0, np.float32), ops.concat([batch, i64(kv_heads, 0, dim)], 0))
-    x = ops.gather(const(sd["model.embed_tokens.weight"]), input_ids, const(0, np.int64))
-    sinks = []
-    for layer in range(cfg.num_hidden_layers):
-        p = f"model.layers.{layer}."
-        h = rms_norm(x, p + "input_layernorm")
 
-        def split_heads(name, n, h=h):
-            t = ops.reshape(linear(h, name), i64(0, 0, n, dim), True)
-            return ops.transpose(t, i64(0, 2, 1, 3))
+def _decoder_layer(
+    g: _LlamaOps,
+    x: Any,
+    layer: int,
+    rope: Callable[[Any], Any],
+    mask: Any,
+    empty: Any,
+    beam_idx: Any,
+    sinks: list[Any],
+) -> Any:
+    """Decoder layer ``layer`` on the hidden states ``x``: RMSNorm, grouped-query attention over the kept
+    and new keys and values (their state assigned into ``sinks``), RMSNorm, SiLU MLP, both residual."""
+    np, ops, i64, heads, kv_heads, dim = g.np, g.ops, g.i64, g.heads, g.kv_heads, g.dim
+    p = f"model.layers.{layer}."
+    h = g.rms_norm(x, p + "input_layernorm")
 
-        q = rope(split_heads(p + "self_attn.q_proj", heads))
-        current = {
-            "key": rope(split_heads(p + "self_attn.k_proj", kv_heads)),
-            "value": split_heads(p + "self_attn.v_proj", kv_heads),
-        }
-        kv = []
-        for kind, cur in current.items():
-            info = ov_op.util.VariableInfo()
-            info.data_shape = ov.PartialShape([-1, kv_heads, -1, dim])
-            info.data_type = ov.Type.f32
-            info.variable_id = f"past_{kind}.{layer}"
-            variable = ov_op.util.Variable(info)
-            past = ops.gather(ops.read_value(empty, variable), beam_idx, const(0, np.int64))
-            full = ops.concat([past, cur], 2)
-            sinks.append(ops.assign(full, variable))
-            if (
-                heads != kv_heads
-            ):  # grouped-query attention: each kv head serves heads // kv_heads query heads
-                full = ops.unsqueeze(full, i64(2))
-                full = ops.broadcast(full, i64(1, 1, heads // kv_heads, 1, 1), broadcast_spec="BIDIRECTIONAL")
-                full = ops.reshape(full, i64(0, heads, -1, dim), True)
-            kv.append(full)
-        att = ops.scaled_dot_product_attention(
-            q, kv[0], kv[1], mask, const(dim**-0.5, np.float32), causal=False
-        )
-        att = ops.reshape(ops.transpose(att, i64(0, 2, 1, 3)), i64(0, 0, heads * dim), True)
-        x = ops.add(x, linear(att, p + "self_attn.o_proj"))
-        h = rms_norm(x, p + "post_attention_layernorm")
-        gated = ops.multiply(ops.swish(linear(h, p + "mlp.gate_proj")), linear(h, p + "mlp.up_proj"))
-        x = ops.add(x, linear(gated, p + "mlp.down_proj"))
-    last = ops.gather(rms_norm(x, "model.norm"), const(-1, np.int64), const(1, np.int64))  # B,E
-    head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
-    logits = ops.unsqueeze(ops.matmul(last, weight(head), False, True), i64(1))  # B,1,V as exporters shape it
-    logits.output(0).set_names({"logits"})
-    return ov.Model(
-        [ops.result(logits)], sinks, [input_ids, attention_mask, position_ids, beam_idx], "clap-llama"
+    def split_heads(name, n):
+        t = ops.reshape(g.linear(h, name), i64(0, 0, n, dim), True)
+        return ops.transpose(t, i64(0, 2, 1, 3))
+
+    q = rope(split_heads(p + "self_attn.q_proj", heads))
+    current = {
+        "key": rope(split_heads(p + "self_attn.k_proj", kv_heads)),
+        "value": split_heads(p + "self_attn.v_proj", kv_heads),
+    }
+    kv = [
+        _kept_and_new(g, f"past_{kind}.{layer}", cur, empty, beam_idx, sinks) for kind, cur in current.items()
+    ]
+    att = ops.scaled_dot_product_attention(
+        q, kv[0], kv[1], mask, g.const(dim**-0.5, np.float32), causal=False
     )
+    att = ops.reshape(ops.transpose(att, i64(0, 2, 1, 3)), i64(0, 0, heads * dim), True)
+    x = ops.add(x, g.linear(att, p + "self_attn.o_proj"))
+    h = g.rms_norm(x, p + "post_attention_layernorm")
+    gated = ops.multiply(ops.swish(g.linear(h, p + "mlp.gate_proj")), g.linear(h, p + "mlp.up_proj"))
+    return ops.add(x, g.linear(gated, p + "mlp.down_proj"))
+
+
+def _kept_and_new(g: _LlamaOps, name: str, cur: Any, empty: Any, beam_idx: Any, sinks: list[Any]) -> Any:
+    """The keys (or values) a layer attends to: those kept in the plugin's state variable ``name`` (rows
+    picked by ``beam_idx``) followed by the new ones ``cur``; the concatenation is assigned back (into
+    ``sinks``) and, for grouped-query attention, each kv head is repeated for its query heads."""
+    np, ov, ops, i64, heads, kv_heads, dim = g.np, g.ov, g.ops, g.i64, g.heads, g.kv_heads, g.dim
+    from openvino import op as ov_op
+
+    info = ov_op.util.VariableInfo()
+    info.data_shape = ov.PartialShape([-1, kv_heads, -1, dim])
+    info.data_type = ov.Type.f32
+    info.variable_id = name
+    variable = ov_op.util.Variable(info)
+    past = ops.gather(ops.read_value(empty, variable), beam_idx, g.const(0, np.int64))
+    full = ops.concat([past, cur], 2)
+    sinks.append(ops.assign(full, variable))
+    if heads != kv_heads:  # grouped-query attention: each kv head serves heads // kv_heads query heads
+        full = ops.unsqueeze(full, i64(2))
+        full = ops.broadcast(full, i64(1, 1, heads // kv_heads, 1, 1), broadcast_spec="BIDIRECTIONAL")
+        full = ops.reshape(full, i64(0, heads, -1, dim), True)
+    return full
 
 
 def int8_weights(w: Any) -> tuple[Any, Any]:

@@ -129,15 +129,11 @@ def _decode(
     """
     import torch
 
-    n, width = len(rows), max(len(r) for r in rows)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    suffix_mask = torch.zeros((n, width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        suffix_mask[i, width - len(r) :] = 1
+    n = len(rows)
+    ids, suffix_mask = _left_padded(rows, pad_id)
     positions = (prefix_len + suffix_mask.cumsum(-1) - 1).clamp(min=0)
     mask = torch.cat([torch.ones((n, prefix_len), dtype=torch.long), suffix_mask], dim=1)
-    state = session(model, prefix, n, prefix_len + width + max_new_tokens)
+    state = session(model, prefix, n, prefix_len + ids.shape[1] + max_new_tokens)
     logits = state.forward(ids, mask, positions)
     scored = list(range(n))  # the rows (indices into `alive`) that `logits` holds, in order
     last = positions[:, -1:]
@@ -157,25 +153,9 @@ def _decode(
             tokens = []
         else:
             tokens = logits.argmax(-1).tolist() if sampling is None else sampling.pick(logits)
-        keep = []
-        for j, row in enumerate(alive):
-            if queued[row]:  # its last fed token was inside a forced run: nothing to choose yet
-                keep.append(j)
-                continue
-            tok = tokens[at[j]]
-            generated[row].append(tok)
-            if constrained:
-                matchers[row].accept(tok)
-            if tok in stops or len(generated[row]) >= max_new_tokens:
-                continue
-            queued[row] = [tok]
-            if constrained:
-                forced = matchers[row].forced(max_new_tokens - len(generated[row]))
-                generated[row].extend(forced)
-                queued[row].extend(forced)
-                if len(generated[row]) >= max_new_tokens:
-                    continue
-            keep.append(j)
+        keep = _take_tokens(
+            tokens, at, alive, generated, queued, matchers, stops, max_new_tokens, constrained
+        )
         if not keep:
             return generated
         if len(keep) < len(alive):
@@ -189,12 +169,7 @@ def _decode(
         for row in alive:
             feeds.append(queued[row][:step])
             del queued[row][:step]
-        step = max(len(f) for f in feeds)
-        chunk = torch.full((len(alive), step), pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros((len(alive), step), dtype=torch.long)
-        for j, f in enumerate(feeds):
-            chunk[j, step - len(f) :] = torch.tensor(f, dtype=torch.long)
-            chunk_mask[j, step - len(f) :] = 1
+        chunk, chunk_mask = _left_padded(feeds, pad_id)
         mask = torch.cat([mask, chunk_mask], dim=1)
         positions = last + chunk_mask.cumsum(-1).clamp(min=1)  # padding takes the row's next position, masked
         last = last + chunk_mask.sum(-1, keepdim=True)
@@ -204,6 +179,55 @@ def _decode(
         if sampling is None:
             scored = [j for j, row in enumerate(alive) if not queued[row]]
         logits = state.forward(chunk, mask, positions, None if len(scored) == len(alive) else scored)
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
+    """``rows`` as one left-padded id tensor (rows x longest row) and its mask (1 on the real tokens)."""
+    import torch
+
+    n, width = len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def _take_tokens(
+    tokens: list[int],
+    at: dict[int, int],
+    alive: list[int],
+    generated: list[list[int]],
+    queued: list[list[int]],
+    matchers: list[Any],
+    stops: set[int],
+    max_new_tokens: int,
+    constrained: bool,
+) -> list[int]:
+    """Give each choosing row of ``alive`` its token (``tokens[at[j]]``) and, constrained, the run the
+    grammar then forces (``constrained``: one matcher per row): appended to ``generated`` and queued to be fed. Returns the rows (indices into
+    ``alive``) that go on: not stopped, within the budget, or still feeding a forced run."""
+    keep = []
+    for j, row in enumerate(alive):
+        if queued[row]:  # its last fed token was inside a forced run: nothing to choose yet
+            keep.append(j)
+            continue
+        tok = tokens[at[j]]
+        generated[row].append(tok)
+        if constrained:
+            matchers[row].accept(tok)
+        if tok in stops or len(generated[row]) >= max_new_tokens:
+            continue
+        queued[row] = [tok]
+        if constrained:
+            forced = matchers[row].forced(max_new_tokens - len(generated[row]))
+            generated[row].extend(forced)
+            queued[row].extend(forced)
+            if len(generated[row]) >= max_new_tokens:
+                continue
+        keep.append(j)
+    return keep
 
 
 STEP_OVERHEAD_POSITIONS = 8

@@ -573,79 +573,129 @@ def release(
     load_signing_key(signing_key)  # a missing or wrong key is refused before anything else
     with _locked(root):
         tokens = [tokens] if isinstance(tokens, str) else list(tokens)
-        every, binding = _verified_claims(root, batch, tokens, p)
-        claims = every[0]
-        override = _require_certified(root, batch, uncertified)
-        pointer = read_pointer(root)
-        if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
-            raise ClapError(
-                f"batch {batch} with this adapter is already in production", rule="already_released"
-            )
-        commit = vcs.head_commit(root)
-        handoff = build_handoff(root, binding, commit, p.card, p.cost)
-        if handoff.problems:
-            raise ClapError(
-                "handoff artifacts fail validation:\n  " + "\n  ".join(handoff.problems),
-                rule="invalid_handoff",
-            )
-        hold = _over_budget(handoff.cost, p.cost)
-        if hold:
-            event = {
-                "event": "hold",
-                "batch": batch,
-                "approval_id": claims["jti"],
-                "approver": claims["iss"],
-                "reason": f"cost report {handoff.cost['status']}",
-                "at": _now(),
-            }
-            return _record(
-                root,
-                event,
-                handoff,
-                f"hold {batch}: cost {handoff.cost['status']} (approval {claims['jti']})",
-            )
-        new_pointer = {
-            **dataclasses.asdict(binding),
-            "approval_id": claims["jti"],
-            "approver": claims["iss"],
-            "commit": commit,
-        }
-        signature = _sign_adapter(root, binding, signing_key)
-        sig_path, pub_path = HANDOFF / batch / SIGNATURE, HANDOFF / batch / SIGNING_PUBLIC_KEY
-        event = {
-            "event": "release",
-            "pointer": new_pointer,
-            "previous_batch": pointer.get("batch"),
-            "token": tokens[
-                0
-            ].strip(),  # the signed approvals: readers of releases/ re-verify them (registry.py)
-            **({"co_tokens": [t.strip() for t in tokens[1:]]} if len(tokens) > 1 else {}),
-            # which bytes were released, signed in the OpenSSF model-signing format (registry.py checks it)
-            "model_signature": signature.record(sig_path, pub_path),
-            **override,
-            "at": _now(),
-        }
-        history = read_history(root)
-        version = gto_version(sum(e.get("event") == "release" for e in history) + 1)
-        detail = f"batch: {batch}\napproval: {claims['jti']}"
-        tags = [
-            (f"{GTO_ARTIFACT}@{version}", _register_message(version, batch, claims["jti"])),
-            (f"{GTO_ARTIFACT}#{GTO_STAGE}#{_gto_counter(root)}", _assign_message(version, detail)),
-        ]
-        _refuse_taken(root, [name for name, _ in tags])
-        used = [
-            {"jti": c["jti"], "batch": batch, "approver": c["iss"], "exp": c["exp"], "used_at": event["at"]}
-            for c in every
-        ]
+        change = _plan_release(root, batch, tokens, p, signing_key, uncertified)
         return _record(
             root,
-            event,
-            handoff,
-            f"release {batch}: {binding.decision} (approval {claims['jti']})",
-            used=used,
-            tags=tags,
-            files={sig_path: signature.signature, pub_path: signature.public_key},
+            change.event,
+            change.handoff,
+            change.message,
+            used=change.used,
+            tags=change.tags,
+            files=change.files,
         )
+
+
+@dataclass(frozen=True)
+class _Change:
+    """What one release or hold writes and commits, decided before anything is written
+    (:func:`_record` applies it: all or nothing)."""
+
+    event: dict[str, Any]
+    handoff: Handoff
+    message: str  # the commit message
+    used: list[dict[str, Any]] | None = None  # ledger rows (a release consumes its approvals)
+    tags: list[tuple[str, str]] | None = None  # GTO tags (name, message) put on the commit
+    files: dict[Path, bytes] | None = None  # more files to commit (the model signature)
+
+
+def _plan_release(
+    root: Path,
+    batch: str,
+    tokens: list[str],
+    p: ReleaseParams,
+    signing_key: Path,
+    uncertified: str,
+) -> _Change:
+    """Every check of a release, then what it writes: a hold when the cost is over budget and
+    policy holds, else the release (new pointer, signed adapter, consumed approvals, GTO tags).
+    Writes nothing; raises why the release is refused."""
+    every, binding = _verified_claims(root, batch, tokens, p)
+    claims = every[0]
+    override = _require_certified(root, batch, uncertified)
+    pointer = read_pointer(root)
+    if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
+        raise ClapError(f"batch {batch} with this adapter is already in production", rule="already_released")
+    commit = vcs.head_commit(root)
+    handoff = build_handoff(root, binding, commit, p.card, p.cost)
+    if handoff.problems:
+        raise ClapError(
+            "handoff artifacts fail validation:\n  " + "\n  ".join(handoff.problems),
+            rule="invalid_handoff",
+        )
+    if _over_budget(handoff.cost, p.cost):
+        event = {
+            "event": "hold",
+            "batch": batch,
+            "approval_id": claims["jti"],
+            "approver": claims["iss"],
+            "reason": f"cost report {handoff.cost['status']}",
+            "at": _now(),
+        }
+        return _Change(
+            event, handoff, f"hold {batch}: cost {handoff.cost['status']} (approval {claims['jti']})"
+        )
+    event, files = _release_event(root, binding, claims, commit, tokens, pointer, signing_key, override)
+    tags = _release_tags(root, batch, claims["jti"])
+    used = [
+        {"jti": c["jti"], "batch": batch, "approver": c["iss"], "exp": c["exp"], "used_at": event["at"]}
+        for c in every
+    ]
+    return _Change(
+        event,
+        handoff,
+        f"release {batch}: {binding.decision} (approval {claims['jti']})",
+        used=used,
+        tags=tags,
+        files=files,
+    )
+
+
+def _release_event(
+    root: Path,
+    binding: Binding,
+    claims: dict[str, Any],
+    commit: str,
+    tokens: list[str],
+    pointer: dict[str, Any],
+    signing_key: Path,
+    override: dict[str, str],
+) -> tuple[dict[str, Any], dict[Path, bytes]]:
+    """The release event (the new pointer, the signed approvals that readers re-verify, the model
+    signature of the adapter) and the signature files committed with it: repository path -> bytes."""
+    new_pointer = {
+        **dataclasses.asdict(binding),
+        "approval_id": claims["jti"],
+        "approver": claims["iss"],
+        "commit": commit,
+    }
+    signature = _sign_adapter(root, binding, signing_key)
+    sig_path, pub_path = HANDOFF / binding.batch / SIGNATURE, HANDOFF / binding.batch / SIGNING_PUBLIC_KEY
+    event = {
+        "event": "release",
+        "pointer": new_pointer,
+        "previous_batch": pointer.get("batch"),
+        "token": tokens[0].strip(),  # the signed approvals: readers of releases/ re-verify them (registry.py)
+        **({"co_tokens": [t.strip() for t in tokens[1:]]} if len(tokens) > 1 else {}),
+        # which bytes were released, signed in the OpenSSF model-signing format (registry.py checks it)
+        "model_signature": signature.record(sig_path, pub_path),
+        **override,
+        "at": _now(),
+    }
+    return event, {sig_path: signature.signature, pub_path: signature.public_key}
+
+
+def _release_tags(root: Path, batch: str, approval_id: str) -> list[tuple[str, str]]:
+    """GTO's registration of the next version and its assignment to ``prod`` (name, message); a tag
+    name already taken is refused."""
+    history = read_history(root)
+    version = gto_version(sum(e.get("event") == "release" for e in history) + 1)
+    detail = f"batch: {batch}\napproval: {approval_id}"
+    tags = [
+        (f"{GTO_ARTIFACT}@{version}", _register_message(version, batch, approval_id)),
+        (f"{GTO_ARTIFACT}#{GTO_STAGE}#{_gto_counter(root)}", _assign_message(version, detail)),
+    ]
+    _refuse_taken(root, [name for name, _ in tags])
+    return tags
 
 
 def _sign_adapter(root: Path, binding: Binding, signing_key: Path) -> ModelSignature:
@@ -854,17 +904,7 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
     root = Path(root)
     p = load_params(root)
     with _locked(root):
-        vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
-        pointer, stack = read_pointer(root), release_stack(read_history(root))
-        if pointer.get("batch") is None or not stack:
-            raise ClapError(
-                "nothing is in production: there is nothing to roll back", rule="nothing_released"
-            )
-        if stack[-1] != pointer:
-            raise ClapError(
-                "releases/production.json does not match the last release in history.jsonl: fix by hand",
-                rule="inconsistent_releases",
-            )
+        pointer, stack = _releases_in_effect(root)
         why = gate_rollback(root, batch, pointer) if batch is not None else {"reason": "manual"}
         if len(stack) < 2:
             if not p.rollback_to_base:
@@ -875,72 +915,119 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
                     rule="no_previous_release",
                 )
             return _rollback_to_base(root, pointer, why)
-        target_key = read_trust(root).keys.get(str(stack[-2].get("approver")))
-        if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
-            try:
-                _refuse_revoked(root, str(stack[-2].get("approver")), target_key)
-            except ClapError as e:
-                raise ClapError(
-                    f"cannot roll back to batch {stack[-2]['batch']}: {e.args[0]}; serve and eval would refuse it. "
-                    "Release a batch approved by a trusted key instead",
-                    file=e.file,
-                    rule=e.rule,
-                ) from e
-        reverted = _release_commit(root, pointer["approval_id"])
-        restored = vcs.git(root, "show", f"{reverted}^:{POINTER}")
-        if json.loads(restored) != stack[-2]:
-            raise ClapError(
-                f"the pointer before commit {reverted[:12]} is not the previous release in history.jsonl",
-                rule="inconsistent_releases",
-            )
-        target = _release_commit(root, stack[-2]["approval_id"])
-        version = gto_version(_release_ordinal(read_history(root), stack[-2]["approval_id"]))
-        registration = f"{GTO_ARTIFACT}@{version}"
-        registered_at = _tag_commit(root, registration)
-        if registered_at not in (None, target):
-            raise ClapError(
-                f"git tag {registration} points to {registered_at[:12]}, not to the release commit "
-                f"{target[:12]} of batch {stack[-2]['batch']}",
-                rule="tag_exists",
-            )
-        tags = (
-            []
-            if registered_at
-            else [  # a release made before clap wrote tags is registered now
-                (
-                    registration,
-                    target,
-                    _register_message(version, stack[-2]["batch"], stack[-2]["approval_id"]),
-                )
-            ]
+        return _apply_rollback(root, _plan_rollback(root, pointer, stack[-2], why))
+
+
+def _releases_in_effect(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The production pointer and the releases in effect (oldest first), checked to agree: something
+    must be in production, and it must be the last release in effect."""
+    vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
+    pointer, stack = read_pointer(root), release_stack(read_history(root))
+    if pointer.get("batch") is None or not stack:
+        raise ClapError("nothing is in production: there is nothing to roll back", rule="nothing_released")
+    if stack[-1] != pointer:
+        raise ClapError(
+            "releases/production.json does not match the last release in history.jsonl: fix by hand",
+            rule="inconsistent_releases",
         )
-        detail = f"rollback {pointer['batch']} -> {stack[-2]['batch']}\napproval: {stack[-2]['approval_id']}"
-        counter = _gto_counter(root)
-        unassign = _unassign_tag(root, pointer["approval_id"], reverted, counter, detail)
-        tags += unassign  # prod leaves the rolled-back version
-        counter += len(unassign)
-        tags.append((f"{GTO_ARTIFACT}#{GTO_STAGE}#{counter}", target, _assign_message(version, detail)))
-        _refuse_taken(root, [name for name, _, _ in tags])
-        how = restore_adapter(root, stack[-2]["batch"], stack[-2]["adapter_sha256"])
-        event = {
-            "event": "rollback",
-            "from_batch": pointer["batch"],
-            "to_batch": stack[-2]["batch"],
-            "reverted_commit": reverted,
-            "adapter_sha256": stack[-2]["adapter_sha256"],
-            "adapter_restored_by": how,
-            **why,
-            "at": _now(),
-        }
-        with _transaction(root, [POINTER, HISTORY]):
-            io.atomic_write_text(root / POINTER, restored)
-            io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
-            commit = _commit(
-                root,
-                [POINTER, HISTORY],
-                f"rollback {pointer['batch']} -> {stack[-2]['batch']} (revert of {reverted[:12]})",
-            )
-            return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
+    return pointer, stack
+
+
+@dataclass(frozen=True)
+class _Rollback:
+    """A rollback to the previous release, decided (every check made) before anything is written."""
+
+    pointer: dict[str, Any]  # the release in production now
+    previous: dict[str, Any]  # the release before it: production after the rollback
+    reverted: str  # the commit that released ``pointer``
+    restored: str  # the pointer file as it was before that commit
+    tags: list[tuple[str, str, str]]  # GTO tags (name, commit, message)
+    why: dict[str, Any]  # the reason (manual, or the gate decision acted on)
+
+
+def _plan_rollback(
+    root: Path, pointer: dict[str, Any], previous: dict[str, Any], why: dict[str, Any]
+) -> _Rollback:
+    """Check that production can go back to ``previous`` (its approver's key not revoked, the pointer
+    before the current release's commit is it) and decide the GTO tags. Writes nothing."""
+    target_key = read_trust(root).keys.get(str(previous.get("approver")))
+    if target_key is not None:  # a removed key fails verify_pointer after the rollback anyway
+        try:
+            _refuse_revoked(root, str(previous.get("approver")), target_key)
+        except ClapError as e:
+            raise ClapError(
+                f"cannot roll back to batch {previous['batch']}: {e.args[0]}; serve and eval would refuse it. "
+                "Release a batch approved by a trusted key instead",
+                file=e.file,
+                rule=e.rule,
+            ) from e
+    reverted = _release_commit(root, pointer["approval_id"])
+    restored = vcs.git(root, "show", f"{reverted}^:{POINTER}")
+    if json.loads(restored) != previous:
+        raise ClapError(
+            f"the pointer before commit {reverted[:12]} is not the previous release in history.jsonl",
+            rule="inconsistent_releases",
+        )
+    tags = _rollback_tags(root, pointer, previous, reverted)
+    return _Rollback(pointer, previous, reverted, restored, tags, why)
+
+
+def _rollback_tags(
+    root: Path, pointer: dict[str, Any], previous: dict[str, Any], reverted: str
+) -> list[tuple[str, str, str]]:
+    """GTO's tags of a rollback (name, commit, message): ``previous``'s version registered if it was
+    released before clap wrote tags, ``prod`` unassigned from the current version and assigned to
+    ``previous``'s; a tag name already taken, or a registration on another commit, is refused."""
+    target = _release_commit(root, previous["approval_id"])
+    version = gto_version(_release_ordinal(read_history(root), previous["approval_id"]))
+    registration = f"{GTO_ARTIFACT}@{version}"
+    registered_at = _tag_commit(root, registration)
+    if registered_at not in (None, target):
+        raise ClapError(
+            f"git tag {registration} points to {registered_at[:12]}, not to the release commit "
+            f"{target[:12]} of batch {previous['batch']}",
+            rule="tag_exists",
+        )
+    tags = (
+        []
+        if registered_at
+        else [  # a release made before clap wrote tags is registered now
+            (registration, target, _register_message(version, previous["batch"], previous["approval_id"]))
+        ]
+    )
+    detail = f"rollback {pointer['batch']} -> {previous['batch']}\napproval: {previous['approval_id']}"
+    counter = _gto_counter(root)
+    unassign = _unassign_tag(root, pointer["approval_id"], reverted, counter, detail)
+    tags += unassign  # prod leaves the rolled-back version
+    counter += len(unassign)
+    tags.append((f"{GTO_ARTIFACT}#{GTO_STAGE}#{counter}", target, _assign_message(version, detail)))
+    _refuse_taken(root, [name for name, _, _ in tags])
+    return tags
+
+
+def _apply_rollback(root: Path, plan: _Rollback) -> dict[str, Any]:
+    """Restore the previous adapter's bytes (sha256 verified), then write the pointer and the event,
+    commit them and create the tags, all or nothing."""
+    how = restore_adapter(root, plan.previous["batch"], plan.previous["adapter_sha256"])
+    event = {
+        "event": "rollback",
+        "from_batch": plan.pointer["batch"],
+        "to_batch": plan.previous["batch"],
+        "reverted_commit": plan.reverted,
+        "adapter_sha256": plan.previous["adapter_sha256"],
+        "adapter_restored_by": how,
+        **plan.why,
+        "at": _now(),
+    }
+    with _transaction(root, [POINTER, HISTORY]):
+        io.atomic_write_text(root / POINTER, plan.restored)
+        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+        commit = _commit(
+            root,
+            [POINTER, HISTORY],
+            f"rollback {plan.pointer['batch']} -> {plan.previous['batch']} (revert of {plan.reverted[:12]})",
+        )
+        return {**event, "release_commit": commit, "tags": _create_tags(root, plan.tags)}
 
 
 BASE_POINTER = {

@@ -483,90 +483,129 @@ def _replay(
     last_iat = 0
     for n, event in enumerate(reg.history, start=1):
         kind = event.get("event")
+        shown = emit is not None and n > first
         if kind == "release":
             pointer = event.get("pointer") or {}
-            if len(_releases_of(reg.history, pointer.get("approval_id"))) != 1:
-                raise ClapError(
-                    f"approval {pointer.get('approval_id')} is claimed by more than one release (single use)",
-                    file=root / HISTORY,
-                    row=n,
-                    rule="not_single_use",
-                )
-            claims: dict[str, Any] = {}
-            if verify_each:
-                try:
-                    claims = verify_release_event(event, reg, n - 1)
-                except ClapError as e:
-                    raise ClapError(e.args[0], file=root / HISTORY, row=n, rule=e.rule) from e
-            iat = claims.get("iat", _unverified_iat(event.get("token")))
-            if iat < last_iat:
-                raise ClapError(
-                    f"release of {pointer.get('batch')} was approved before the release above it: "
-                    "history.jsonl is out of order",
-                    file=root / HISTORY,
-                    row=n,
-                    rule="inconsistent_releases",
-                )
-            last_iat = iat
-            previous = stack[-1].get("batch") if stack else None
-            if event.get("previous_batch") != previous:
-                raise ClapError(
-                    f"release of {pointer.get('batch')} says it replaced {event.get('previous_batch')!r}, "
-                    f"but {previous!r} was in effect",
-                    file=root / HISTORY,
-                    row=n,
-                    rule="inconsistent_releases",
-                )
+            claims, last_iat = _replayed_release(
+                root, reg, n, event, stack, last_iat, verify_each=verify_each
+            )
             stack.append(pointer)
-            if emit is not None and n > first:
-                emit(
-                    f"{label}{n}: release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
-                    f"{claims['iss']}: signature trusted, used once, hashes bound "
-                    "(adapter, config, eval, evidence, base)"
-                )
+            line = _release_line(pointer, claims) if shown else ""
         elif kind == "rollback":
-            to_base = len(stack) == 1 and event.get("to_batch") is None
-            if len(stack) < 2 and not to_base:
-                raise ClapError(
-                    "a rollback with no previous release to return to",
-                    file=root / HISTORY,
-                    row=n,
-                    rule="inconsistent_releases",
-                )
-            current = stack[-1]
-            previous_release = stack[-2] if not to_base else {"batch": None, "adapter_sha256": None}
-            expected = {
-                "from_batch": current.get("batch"),
-                "to_batch": previous_release.get("batch"),
-                "adapter_sha256": previous_release.get("adapter_sha256"),
-            }
-            bad = _diff(expected, event, "rollback event", list(expected))
-            if bad:
-                raise ClapError(
-                    "rollback does not return to the previous release: " + "; ".join(bad),
-                    file=root / HISTORY,
-                    row=n,
-                    rule="inconsistent_releases",
-                )
+            current, returned_to, to_base = _replayed_rollback(root, n, event, stack)
             stack.pop()
-            if emit is not None and n > first and to_base:
-                emit(
-                    f"{label}{n}: rollback {current.get('batch')} -> base: the only release in effect taken out "
-                    f"of production ({event.get('policy', 'no policy recorded')})"
-                )
-            elif emit is not None and n > first:
-                emit(
-                    f"{label}{n}: rollback {current.get('batch')} -> {previous_release.get('batch')}: restores the "
-                    f"release of approval {previous_release.get('approval_id')} (verified above)"
-                )
+            line = _rollback_line(current, returned_to, to_base, event) if shown else ""
         elif kind == "hold":
-            if emit is not None and n > first:
-                emit(
-                    f"{label}{n}: hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
-                )
+            line = f"hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
         else:
             raise ClapError(f"unknown event {kind!r}", file=root / HISTORY, row=n, rule="corrupt_jsonl")
+        if shown and emit is not None:
+            emit(f"{label}{n}: {line}")
     return stack
+
+
+def _replayed_release(
+    root: Path,
+    reg: _Registry,
+    n: int,
+    event: dict[str, Any],
+    stack: list[dict[str, Any]],
+    last_iat: int,
+    *,
+    verify_each: bool,
+) -> tuple[dict[str, Any], int]:
+    """Check the release event on line ``n`` against the releases in effect before it (``stack``, the
+    last one approved at ``last_iat``); return its verified claims (empty unless ``verify_each``) and
+    its approval's issue time."""
+    pointer = event.get("pointer") or {}
+    if len(_releases_of(reg.history, pointer.get("approval_id"))) != 1:
+        raise ClapError(
+            f"approval {pointer.get('approval_id')} is claimed by more than one release (single use)",
+            file=root / HISTORY,
+            row=n,
+            rule="not_single_use",
+        )
+    claims: dict[str, Any] = {}
+    if verify_each:
+        try:
+            claims = verify_release_event(event, reg, n - 1)
+        except ClapError as e:
+            raise ClapError(e.args[0], file=root / HISTORY, row=n, rule=e.rule) from e
+    iat = claims.get("iat", _unverified_iat(event.get("token")))
+    if iat < last_iat:
+        raise ClapError(
+            f"release of {pointer.get('batch')} was approved before the release above it: "
+            "history.jsonl is out of order",
+            file=root / HISTORY,
+            row=n,
+            rule="inconsistent_releases",
+        )
+    previous = stack[-1].get("batch") if stack else None
+    if event.get("previous_batch") != previous:
+        raise ClapError(
+            f"release of {pointer.get('batch')} says it replaced {event.get('previous_batch')!r}, "
+            f"but {previous!r} was in effect",
+            file=root / HISTORY,
+            row=n,
+            rule="inconsistent_releases",
+        )
+    return claims, iat
+
+
+def _replayed_rollback(
+    root: Path, n: int, event: dict[str, Any], stack: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """Check the rollback event on line ``n`` against the releases in effect before it (``stack``):
+    it must return to the previous release, or take the only one out (to the base model). Returns the
+    release it ends, the one it returns to and whether that is the base model."""
+    to_base = len(stack) == 1 and event.get("to_batch") is None
+    if len(stack) < 2 and not to_base:
+        raise ClapError(
+            "a rollback with no previous release to return to",
+            file=root / HISTORY,
+            row=n,
+            rule="inconsistent_releases",
+        )
+    current = stack[-1]
+    previous_release = stack[-2] if not to_base else {"batch": None, "adapter_sha256": None}
+    expected = {
+        "from_batch": current.get("batch"),
+        "to_batch": previous_release.get("batch"),
+        "adapter_sha256": previous_release.get("adapter_sha256"),
+    }
+    bad = _diff(expected, event, "rollback event", list(expected))
+    if bad:
+        raise ClapError(
+            "rollback does not return to the previous release: " + "; ".join(bad),
+            file=root / HISTORY,
+            row=n,
+            rule="inconsistent_releases",
+        )
+    return current, previous_release, to_base
+
+
+def _release_line(pointer: dict[str, Any], claims: dict[str, Any]) -> str:
+    """What `clap registry-check` says of a verified release."""
+    return (
+        f"release {pointer['batch']} ({claims['decision']}) approval {claims['jti']} by "
+        f"{claims['iss']}: signature trusted, used once, hashes bound "
+        "(adapter, config, eval, evidence, base)"
+    )
+
+
+def _rollback_line(
+    current: dict[str, Any], returned_to: dict[str, Any], to_base: bool, event: dict[str, Any]
+) -> str:
+    """What `clap registry-check` says of a rollback that returns to the previous release (or the base model)."""
+    if to_base:
+        return (
+            f"rollback {current.get('batch')} -> base: the only release in effect taken out "
+            f"of production ({event.get('policy', 'no policy recorded')})"
+        )
+    return (
+        f"rollback {current.get('batch')} -> {returned_to.get('batch')}: restores the "
+        f"release of approval {returned_to.get('approval_id')} (verified above)"
+    )
 
 
 def _check_state(
@@ -974,38 +1013,61 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
         )
     commits = _registry_commits(root, rev)
     for sha, parents, subject in commits:
-        with tempfile.TemporaryDirectory(prefix="clap-registry-") as tmp:
-            try:
-                child = _committed_rows(root, sha)
-                _materialize(root, sha, Path(tmp))
-                parent = _committed_rows(root, parents[0]) if parents else None
-                before = len(parent[HISTORY]) if parent else 0
-                reg, _ = _check_state(
-                    Path(tmp),
-                    root,
-                    emit,
-                    first=before,
-                    first_trust=len(parent[TRUST_LOG]) if parent else 0,
-                    label=f"{sha[:12]} ",
-                    current=False,
+        _check_commit(root, sha, parents, subject, emit)
+    reg, pointer = _check_worktree(root, rev, emit)
+    _require_approved_base(root, pointer)
+    if pointer["batch"] is None:
+        emit(f"production: nothing released (batch null); {len(commits)} commit(s) of releases/ replayed")
+    else:
+        emit(
+            f"production: batch {pointer['batch']} (approval {pointer.get('approval_id')}) is the release in effect; "
+            f"{len(commits)} commit(s) of releases/ replayed"
+        )
+    return len(reg.history)
+
+
+def _check_commit(
+    root: Path, sha: str, parents: list[str], subject: str, emit: Callable[[str], None]
+) -> None:
+    """Replay ``releases/`` as commit ``sha`` has it (in a temporary folder) with every check; its new
+    releases against what they were released from, and its append-only files against each parent's."""
+    with tempfile.TemporaryDirectory(prefix="clap-registry-") as tmp:
+        try:
+            child = _committed_rows(root, sha)
+            _materialize(root, sha, Path(tmp))
+            parent = _committed_rows(root, parents[0]) if parents else None
+            before = len(parent[HISTORY]) if parent else 0
+            reg, _ = _check_state(
+                Path(tmp),
+                root,
+                emit,
+                first=before,
+                first_trust=len(parent[TRUST_LOG]) if parent else 0,
+                label=f"{sha[:12]} ",
+                current=False,
+            )
+            _check_new_releases(
+                root,
+                reg.history,
+                before,
+                sha,
+                lambda path, sha=sha: _blob(root, sha, path),
+                emit,
+                f"{sha[:12]} ",
+            )
+            for parent in parents or [None]:
+                _require_append_only(
+                    _committed_rows(root, parent),
+                    child,
+                    f"parent {parent[:12]}" if parent else "the empty registry",
                 )
-                _check_new_releases(
-                    root,
-                    reg.history,
-                    before,
-                    sha,
-                    lambda path, sha=sha: _blob(root, sha, path),
-                    emit,
-                    f"{sha[:12]} ",
-                )
-                for parent in parents or [None]:
-                    _require_append_only(
-                        _committed_rows(root, parent),
-                        child,
-                        f"parent {parent[:12]}" if parent else "the empty registry",
-                    )
-            except ClapError as e:
-                raise _in_commit(sha, subject, e, tmp) from e
+        except ClapError as e:
+            raise _in_commit(sha, subject, e, tmp) from e
+
+
+def _check_worktree(root: Path, rev: str, emit: Callable[[str], None]) -> tuple[_Registry, dict[str, Any]]:
+    """Replay ``releases/`` as the working tree has it (what serve and eval read) with every check,
+    its uncommitted events after those of ``rev``; return what was read and the production pointer."""
     head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
     try:
         reg, pointer = _check_state(
@@ -1034,6 +1096,11 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
             column=e.column,
             rule=e.rule,
         ) from e
+    return reg, pointer
+
+
+def _require_approved_base(root: Path, pointer: dict[str, Any]) -> None:
+    """The production release must have been approved on the base model the base stage recorded here."""
     base = recorded_base_sha256(root)
     if pointer["batch"] is not None and base is not None and base != pointer.get("base_sha256"):
         raise ClapError(
@@ -1044,11 +1111,3 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
             column="base_sha256",
             rule="binding_mismatch",
         )
-    if pointer["batch"] is None:
-        emit(f"production: nothing released (batch null); {len(commits)} commit(s) of releases/ replayed")
-    else:
-        emit(
-            f"production: batch {pointer['batch']} (approval {pointer.get('approval_id')}) is the release in effect; "
-            f"{len(commits)} commit(s) of releases/ replayed"
-        )
-    return len(reg.history)

@@ -601,6 +601,33 @@ def train_batch(
         start_adapter_dir(start, adapter_dir.parent) if start is not None and not start.fresh else None
     )
     determinism.seed_everything(tp.seed, tp.torch_threads)
+    tok, data, stats = _encode_batch(data_dir, base_dir, tp, answer)
+    try:
+        run = _run_trainer(
+            data,
+            tok,
+            base_dir,
+            adapter_dir,
+            tp,
+            dp,
+            bp,
+            world_size=world_size,
+            started=t_start,
+            start_dir=start_dir,
+            extra_callbacks=extra_callbacks,
+        )
+    except _HeldOverBudget as held:
+        return _held_result(held.estimate, base_dir, adapter_dir, tp, stats, started=t_start, rank=rank)
+    record = _trained_record(run, stats, data, tp, dp, start, world_size=world_size, started=t_start)
+    # a NaN loss is reported as the string "nan", never dropped (JSON has no NaN)
+    return TrainResult({k: as_text_if_nonfinite(v) for k, v in record.items()}, run.curves, rank == 0)
+
+
+def _encode_batch(
+    data_dir: Path, base_dir: Path, tp: TrainParams, answer: AnswerSchema
+) -> tuple[Any, Encodings, dict[str, int]]:
+    """The batch's training and probe items as chat examples and token ids (with the tokenizer), and
+    their length stats under ``train.max_length`` (truncated and dropped rows are logged)."""
     sft, probe, kb = (io.read_parquet(data_dir / f"{n}.parquet") for n in ("sft", "probe", "kb"))
     if sft.empty:
         raise ClapError(
@@ -621,39 +648,53 @@ def train_batch(
             stats["rows_truncated"],
             stats["rows_dropped"],
         )
-    try:
-        run = _run_trainer(
-            data,
-            tok,
-            base_dir,
-            adapter_dir,
-            tp,
-            dp,
-            bp,
-            world_size=world_size,
-            started=t_start,
-            start_dir=start_dir,
-            extra_callbacks=extra_callbacks,
-        )
-    except _HeldOverBudget as held:
-        reason = f"over budget: {held.estimate.describe()}"
-        log.warning("not trained: %s (release.cost.over_budget is hold)", reason)
-        if rank == 0:
-            write_skipped_adapter(adapter_dir, reason)
-        record = {
-            **skipped_record(reason, base_dir, tp),
-            **stats,
-            "health": budget.OVER_BUDGET,
-            **held.estimate.record(),
-            "wall_s": round(time.perf_counter() - t_start, 3),
-        }
-        return TrainResult(record, [], rank == 0)
+    return tok, data, stats
+
+
+def _held_result(
+    estimate: budget.Estimate,
+    base_dir: Path,
+    adapter_dir: Path,
+    tp: TrainParams,
+    stats: dict[str, int],
+    *,
+    started: float,
+    rank: int,
+) -> TrainResult:
+    """A batch not trained because its estimate is over budget and policy holds it: its adapter folder
+    says why (rank 0), its record says ``health: over_budget`` with the estimate."""
+    reason = f"over budget: {estimate.describe()}"
+    log.warning("not trained: %s (release.cost.over_budget is hold)", reason)
+    if rank == 0:
+        write_skipped_adapter(adapter_dir, reason)
     record = {
+        **skipped_record(reason, base_dir, tp),
+        **stats,
+        "health": budget.OVER_BUDGET,
+        **estimate.record(),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+    return TrainResult(record, [], rank == 0)
+
+
+def _trained_record(
+    run: TrainerRun,
+    stats: dict[str, int],
+    data: Encodings,
+    tp: TrainParams,
+    dp: DetectorParams,
+    start: WarmStart | None,
+    *,
+    world_size: int,
+    started: float,
+) -> dict[str, Any]:
+    """The flat record of a trained batch: the run's numbers, what it trained on and from, where it ran."""
+    return {
         **run.numbers,
         **stats,
         "trained": 1,
-        "wall_s": round(time.perf_counter() - t_start, 3),
-        "examples": len(train_ex),
+        "wall_s": round(time.perf_counter() - started, 3),
+        "examples": len(data.examples),
         "probe_items": len(data.probe),
         "seed": tp.seed,
         "torch_threads": tp.torch_threads,
@@ -664,8 +705,6 @@ def train_batch(
         "machine": platform.machine(),
         **detector_constants(dp),
     }
-    # a NaN loss is reported as the string "nan", never dropped (JSON has no NaN)
-    return TrainResult({k: as_text_if_nonfinite(v) for k, v in record.items()}, run.curves, rank == 0)
 
 
 class _HeldOverBudget(Exception):
@@ -690,17 +729,8 @@ def _run_trainer(
     start_dir: Path | None,
     extra_callbacks: Sequence[Any],
 ) -> TrainerRun:
-    from datasets import Dataset
-    from trl import SFTTrainer
-
-    from clap.train.callbacks import (
-        Diagnosis,
-        TrainProgress,
-        paired_trainer,
-        quiet_trainer,
-        trainable_weights,
-    )
-
+    """One SFT run: set up the trainer (resuming a matching checkpoint), hold it to the budget, train
+    (or restore a run that had stopped), score the probe and write the adapter (rank 0)."""
     device = mdl.default_device()
     precision = precision_plan(tp, device)
     if precision == "qlora-nf4" and device == "cpu":
@@ -708,6 +738,43 @@ def _run_trainer(
     ckpt_dir = Path(tp.checkpoint_root) / adapter_dir.name
     args = sft_config(tp, ckpt_dir, device, world_size)  # initialises the distributed state under torchrun
     is_main = args.process_index == 0
+    fp, resume = _resume_point(data, base_dir, tp, dp, ckpt_dir, world_size, start_dir, is_main)
+    trainer, diag = _build_trainer(
+        data, tok, base_dir, adapter_dir, tp, dp, args, precision, device, start_dir, resume, extra_callbacks
+    )
+    masked, total = masked_label_counts(trainer.train_dataset)
+    estimate = _hold_to_budget(trainer, tp, bp, device=device, world_size=world_size, started=started)
+    out = _train_or_restore(trainer, diag, resume, bf16=args.bf16)
+    probe_start, probe_end = diag.score_probe(trainer.model)
+    adapter_sha = _save_adapter(trainer, ckpt_dir, adapter_dir, fp, is_main)
+    numbers = {
+        **_run_numbers(trainer, out, diag),
+        **estimate.record(),
+        "precision": precision,
+        "device": device,
+        "resumed_from": Path(resume).name if resume else "",
+        "masked_tokens_fraction": masked / max(total, 1),
+        "label_tokens": total,
+        "probe_loss_start": probe_start,
+        "probe_loss_end": probe_end,
+        "base_sha256": mdl.base_sha256(base_dir),
+        "adapter_sha256": adapter_sha,
+    }
+    return TrainerRun(numbers, diag.s.rows)
+
+
+def _resume_point(
+    data: Encodings,
+    base_dir: Path,
+    tp: TrainParams,
+    dp: DetectorParams,
+    ckpt_dir: Path,
+    world_size: int,
+    start_dir: Path | None,
+    is_main: bool,
+) -> tuple[str, str | None]:
+    """The run's fingerprint (params, encoded examples, base, world size, start adapter) and the last
+    complete checkpoint that matches it (None: train from scratch); rank 0 records the fingerprint."""
     fp = fingerprint(
         tp,
         dp,
@@ -723,6 +790,36 @@ def _run_trainer(
     _barrier()
     if is_main:
         io.write_json(ckpt_dir / FINGERPRINT_FILE, {"fingerprint": fp})
+    return fp, resume
+
+
+def _build_trainer(
+    data: Encodings,
+    tok,
+    base_dir: Path,
+    adapter_dir: Path,
+    tp: TrainParams,
+    dp: DetectorParams,
+    args,
+    precision: str,
+    device: str,
+    start_dir: Path | None,
+    resume: str | None,
+    extra_callbacks: Sequence[Any],
+):
+    """The SFT trainer over the base model (a fresh LoRA, or the warm start's adapter) with its
+    diagnosis callback (its state restored from ``resume``), paired with the probe and quiet."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    from clap.train.callbacks import (
+        Diagnosis,
+        TrainProgress,
+        paired_trainer,
+        quiet_trainer,
+        trainable_weights,
+    )
+
     model = load_train_model(base_dir, precision, device)
     if start_dir is not None:
         model = load_start_adapter(model, start_dir, tp)
@@ -748,7 +845,14 @@ def _run_trainer(
     )
     detector_pairing(tp, dp, trainer.model)
     quiet_trainer(trainer, TrainProgress(f"train {adapter_dir.name}", ("loss",)))
-    masked, total = masked_label_counts(trainer.train_dataset)
+    return trainer, diag
+
+
+def _hold_to_budget(
+    trainer, tp: TrainParams, bp: budget.BudgetParams, *, device: str, world_size: int, started: float
+) -> budget.Estimate:
+    """The run's cost estimate on this machine; raises :class:`_HeldOverBudget` (policy hold) or a
+    :class:`ClapError` (policy refuse) when it is over budget, before any optimizer step."""
     estimate = shared(  # rank 0's estimate decides on every rank: they must stop (or train) together
         budget.estimate_run(
             trainer, tp, bp, device=device, world_size=world_size, setup_s=time.perf_counter() - started
@@ -757,40 +861,34 @@ def _run_trainer(
     log.info("cost: %s", estimate.describe())
     if budget.over_budget(estimate, bp):
         raise _HeldOverBudget(estimate)
-    if (
-        resume and diag.s.stop_step >= 0
-    ):  # the checkpointed run had stopped there: that was its end, not a pause
+    return estimate
+
+
+def _train_or_restore(trainer, diag: Diagnosis, resume: str | None, *, bf16: bool):
+    """Train (from ``resume`` when given), or, when the checkpointed run had stopped, restore it as it
+    stopped: that was its end, not a pause."""
+    if resume and diag.s.stop_step >= 0:
         log.warning(
             "the run in %s stopped at step %d (%s): restoring it, nothing left to train",
             resume,
             diag.s.stop_step,
             diag.s.health,
         )
-        out = restore_stopped_run(trainer, diag, Path(resume))
-    else:
-        with training_forwards(trainer.model, bf16=args.bf16):
-            out = trainer.train(resume_from_checkpoint=resume)
-    probe_start, probe_end = diag.score_probe(trainer.model)
+        return restore_stopped_run(trainer, diag, Path(resume))
+    with training_forwards(trainer.model, bf16=bf16):
+        return trainer.train(resume_from_checkpoint=resume)
+
+
+def _save_adapter(trainer, ckpt_dir: Path, adapter_dir: Path, fp: str, is_main: bool) -> str:
+    """Save the trained adapter (every rank: FSDP gathers), copy it to ``adapter_dir`` and mark the run
+    finished (rank 0); its sha256 ("" on other ranks)."""
     final = ckpt_dir / "final"
     trainer.save_model(str(final))  # every rank (FSDP gathers); writes on the main process only
     _barrier()
     adapter_sha = write_adapter(final, adapter_dir) if is_main else ""
     if is_main:
         mark_finished(ckpt_dir, fp)
-    numbers = {
-        **_run_numbers(trainer, out, diag),
-        **estimate.record(),
-        "precision": precision,
-        "device": device,
-        "resumed_from": Path(resume).name if resume else "",
-        "masked_tokens_fraction": masked / max(total, 1),
-        "label_tokens": total,
-        "probe_loss_start": probe_start,
-        "probe_loss_end": probe_end,
-        "base_sha256": mdl.base_sha256(base_dir),
-        "adapter_sha256": adapter_sha,
-    }
-    return TrainerRun(numbers, diag.s.rows)
+    return adapter_sha
 
 
 def mark_finished(ckpt_dir: Path, fp: str) -> None:
