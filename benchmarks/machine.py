@@ -21,3 +21,20 @@ def cpu_model() -> str:
 def machine() -> str:
     """``<cpu model>, <n> cores, load <1-min load>``."""
     return f"{cpu_model()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+
+
+def header(command: list[str] | str) -> dict[str, str]:
+    """The fields every result file starts with: commit, date (UTC), lscpu model, the command that wrote it."""
+    import datetime
+    import shlex
+
+    from clap.vcs import commit_or_unknown
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True)
+    return {  # "+dirty": tracked files differed from the commit (the change being measured, before it is committed)
+        "commit": commit_or_unknown(root)[:7] + ("+dirty" if dirty.stdout.strip() else ""),
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "lscpu_model": cpu_model(),
+        "command": command if isinstance(command, str) else shlex.join(command),
+    }
