@@ -18,13 +18,8 @@ channel; the plugin quantizes activations on the fly) are params, measured separ
 for decision agreement (docs/precision.md), never implied. On a CUDA machine
 ``openvino`` resolves to ``torch`` (the record says which engine ran).
 
-Measured side by side (``benchmarks/results/generation_engines.json``: Intel Xeon AVX-512, 2 threads,
-40 demo prompts of 2026-01, medians of 3): against the torch path, openvino at f32 is 1.14x in batched
-free decoding, 1.20x one request at a time (serving) and 1.03x in the eval stage's batched constrained
-mode (prefill and forced-token chunks are compute-bound at f32 on either engine), with every answer
-token-identical; building and compiling the graph costs ~1.8 s per model. OpenVINO GenAI's own loop over
-this same graph: 0.89x torch batched at f32 (1.11x at bf16, its answers mostly different), 1.53x one
-request at a time.
+Speed against torch and against OpenVINO GenAI on each CPU kind, side by side: ``benchmarks/README.md``
+(``generation_engines``); building and compiling the graph is paid once per model a stage loads.
 """
 
 from __future__ import annotations
