@@ -28,7 +28,9 @@ install: $(STAMP)
 install-cuda: install
 	$(UV) -e '.[cuda]'
 
+# dvc.yaml's detector plots re-listed for params `batches` first (adding a batch is editing those)
 demo: install
+	$(BIN)/python profiles/render_dvc_yaml.py .
 	PATH=$(abspath $(BIN)):$$PATH dvc repro
 
 # the same loop on real financial reports (TAT-QA): profiles/tatqa/{params,dvc}.yaml, run in the profile's folder;

@@ -1,6 +1,6 @@
 """Render a profile's dvc.yaml from the repository's own: the same stages, run from the profile's folder.
 
-usage: python profiles/render_dvc_yaml.py profiles/<name> [--check]
+usage: python profiles/render_dvc_yaml.py profiles/<name> | . [--check]
 
 A profile (profiles/<name>/) is a folder with its own params.yaml, data/raw/<batch>/ and
 releases/; `dvc repro` inside it runs the repository's stage scripts on them (DVC runs a stage in the
@@ -12,7 +12,8 @@ own keys, so a stage lists under ``params.yaml`` the keys the override sets and 
 extends (``../../params.yaml``) the keys it inherits (clap.params.key_origins): it re-runs when either
 changes a value it reads, not when the root changes a value the override replaces or a section it does
 not read. So the two cannot drift: `--check` exits 1 when the committed file differs from the rendering
-(tests/profiles/test_profiles.py runs it).
+(tests/profiles/test_profiles.py runs it). Given ``.``, the root dvc.yaml's plot sources are re-listed for
+the root's ``batches`` (`make demo` does it first): adding a batch is editing ``batches``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,19 @@ def _params_blocks(
     return "".join(out)
 
 
+def plot_sources(text: str, batches: list[str]) -> str:
+    """``text`` (a dvc.yaml) with each top-level plot's per-batch sources (``plots/train/<b>.csv``) listed
+    for ``batches``: DVC takes no glob or foreach there (treeverse/dvc#8696)."""
+
+    def per_batch(m: re.Match) -> str:
+        indent, folder, columns = m.group(1), m.group(2), m.group(3)
+        return "".join(f"{indent}{folder}/{b}.csv: {columns}\n" for b in batches)
+
+    return re.sub(
+        r"(?m)^(\s+)(plots/train)/[^/\s]+\.csv: (.*)\n(?:\1\2/[^/\s]+\.csv: \3\n)*", per_batch, text
+    )
+
+
 def render(root_yaml: str, depth: int, batches: list[str], layers: list[params.Layer] | None = None) -> str:
     """``root_yaml`` with each code path (a deps entry or a stage script) prefixed with ``../`` x depth,
     the per-batch sources of the top-level plots (DVC takes no glob there) listed for ``batches``, and,
@@ -86,13 +100,7 @@ def render(root_yaml: str, depth: int, batches: list[str], layers: list[params.L
     text = re.sub(rf"(?m)^(\s+- )({alt})", rf"\g<1>{up}\g<2>", root_yaml)
     text = re.sub(rf"(cmd: python )({alt})", rf"\g<1>{up}\g<2>", text)
 
-    def per_batch(m: re.Match) -> str:
-        indent, folder, columns = m.group(1), m.group(2), m.group(3)
-        return "".join(f"{indent}{folder}/{b}.csv: {columns}\n" for b in batches)
-
-    text = re.sub(
-        r"(?m)^(\s+)(plots/train)/[^/\s]+\.csv: (.*)\n(?:\1\2/[^/\s]+\.csv: \3\n)*", per_batch, text
-    )
+    text = plot_sources(text, batches)
     if layers is not None:
         # DVC interpolates ${...} from the profile's own params.yaml only: what it names must be set there
         for name in sorted(set(re.findall(r"\$\{\s*([A-Za-z_]\w*)", root_yaml)) - {"item"}):
@@ -119,9 +127,12 @@ def main(argv: list[str]) -> int:
         return 2
     profile = (ROOT / argv[0]).resolve()
     depth = len(profile.relative_to(ROOT).parts)
-    layers = params.chain(profile / "params.yaml")
-    batches = params.load(profile / "params.yaml")["batches"]
-    want = render((ROOT / "dvc.yaml").read_text(encoding="utf-8"), depth, [str(b) for b in batches], layers)
+    batches = [str(b) for b in params.load(profile / "params.yaml")["batches"]]
+    root_yaml = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    if depth == 0:  # the root itself: only its plots' per-batch sources follow its batches
+        want = plot_sources(root_yaml, batches)
+    else:
+        want = render(root_yaml, depth, batches, params.chain(profile / "params.yaml"))
     out = profile / "dvc.yaml"
     if "--check" in argv[1:]:
         if not out.exists() or out.read_text(encoding="utf-8") != want:

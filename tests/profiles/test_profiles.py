@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clap import params
 from clap.data.admission import AdmitParams, SplitSizes, admit_batch
@@ -19,6 +20,24 @@ from schemas.normalized import normalized_schemas, validate_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 TATQA = ROOT / "profiles" / "tatqa"
+
+
+def test_root_plot_sources_follow_the_root_batches(tmp_path):
+    """`make demo` re-lists the root dvc.yaml's per-batch plot sources from params `batches` (`.`): the
+    committed file is current, and a batch added to `batches` appears without a hand edit."""
+    run = subprocess.run(
+        [sys.executable, "profiles/render_dvc_yaml.py", ".", "--check"], cwd=ROOT, capture_output=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    sys.path.insert(0, str(ROOT / "profiles"))
+    try:
+        import render_dvc_yaml as R
+    finally:
+        sys.path.pop(0)
+    text = R.plot_sources((ROOT / "dvc.yaml").read_text(encoding="utf-8"), ["2026-01", "2026-02", "2026-03"])
+    plots = {k: v for entry in yaml.safe_load(text)["plots"] for k, v in entry.items()}
+    assert list(plots["detector_log_e"]["y"]) == [f"plots/train/2026-0{m}.csv" for m in (1, 2, 3)]
+    assert yaml.safe_load(text)["stages"] == yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
 def test_profile_dvc_yaml_is_the_rendered_root_dvc_yaml():
