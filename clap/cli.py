@@ -61,15 +61,18 @@ def _init_args(p: argparse.ArgumentParser) -> None:
 
 def _init(args: argparse.Namespace) -> int:
     from clap.data import init
-    from clap.task.answer import load_answer_schema
+    from clap.data.normalize import build_vocab, normalize_params
 
-    answer = load_answer_schema(args.params)
+    vocab = build_vocab(normalize_params(args.params))
     path, result = init.write_profile(
-        args.exports, args.name, args.out, answer, args.ignore, force=args.force, base=args.params
-    )
+        args.exports, args.name, args.out, vocab.answer, args.ignore, force=args.force,
+        base=args.params, vocab=vocab,
+    )  # fmt: skip
     print(init.render_report(result))
-    todos = sum(len(d.todos) for d in result.drafts)
-    print(f"wrote {path}: {len(result.drafts)} sources, {todos} TODOs to choose (docs/init.md)")
+    guessed, todos = init.counts(result)
+    print(
+        f"wrote {path}: {len(result.drafts)} sources, {guessed} guesses to check, {todos} TODOs (docs/init.md)"
+    )
     return 0
 
 
