@@ -50,6 +50,7 @@ import jwt
 from clap import io, params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
+from clap.params import bad_param
 from clap.release.approval import BINDING_CLAIMS, RELEASABLE, key_sha256, verify_token
 from clap.release.trust import TRUST_LOG, Trust, required, signers
 from clap.release.trust import replay as replay_trust
@@ -166,20 +167,22 @@ def release_params(params_file: Path) -> dict[str, Any]:
     """What verifying approvals reads from params ``release``: audience, max_approval_ttl_s,
     key_quorum and approvals_required (each an error when missing)."""
     section = params.raw_section("release", params_file)
-    try:
-        return {
-            "audience": str(section["audience"]),
-            "max_ttl_s": int(section["max_approval_ttl_s"]),
-            "key_quorum": int(section["key_quorum"]),
-            "approvals_required": int(section["approvals_required"]),
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        raise ClapError(
-            "params release needs audience, max_approval_ttl_s, key_quorum and approvals_required to verify approvals",
-            file=params_file,
-            column="release",
-            rule="bad_params",
-        ) from e
+    out = {}
+    for name, key, kind in (
+        ("audience", "audience", str),
+        ("max_ttl_s", "max_approval_ttl_s", int),
+        ("key_quorum", "key_quorum", int),
+        ("approvals_required", "approvals_required", int),
+    ):
+        try:
+            out[name] = kind(section[key])
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad_param(
+                f"release.{key}",
+                "params release needs audience, max_approval_ttl_s, key_quorum and approvals_required to verify approvals",
+                params_file,
+            ) from e
+    return out
 
 
 def read_trust(root: Path, params_root: Path | None = None, history_length: int | None = None) -> Trust:
