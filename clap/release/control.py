@@ -39,7 +39,6 @@ import fcntl
 import hashlib
 import json
 import re
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -1130,7 +1129,7 @@ def _require_ignored(root: Path, probe: Path) -> None:
         if probe.resolve().is_relative_to(root.resolve())
         else None
     )
-    if rel is not None and subprocess.run(["git", "check-ignore", "-q", str(rel)], cwd=root).returncode != 0:
+    if rel is not None and not vcs.is_ignored(root, rel):
         raise ClapError(
             f"{rel} would not be ignored by git: keep private keys in a git-ignored folder (keys/)",
             rule="key_not_ignored",
