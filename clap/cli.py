@@ -411,15 +411,15 @@ def _certify(args: argparse.Namespace) -> int:
     from clap.judge import calibrate as cal
     from clap.judge import certification
     from clap.model.base import default_device
+    from clap.params import bad_param
     from clap.vcs import commit_or_unknown
 
     cp, _ = cal.load_params(args.params)
     if not cp.batches or not cp.record:
-        raise ClapError(
+        raise bad_param(
+            "calibrate.record" if cp.batches else "calibrate.batches",
             "certification needs params calibrate.batches (the clean batches) and calibrate.record",
-            file=args.params,
-            column="calibrate",
-            rule="bad_params",
+            args.params,
         )
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="clap-certify-") as prep:

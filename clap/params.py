@@ -37,7 +37,7 @@ import dataclasses
 import os
 import re
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +54,31 @@ REPLACE = "replace"  # top-level key of an override: dotted keys of mappings tha
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")  # a key DVC can name in a dotted params key
 _MISSING = object()
+
+
+def bad_param(key: str, message: str, file: Path | str = "params.yaml") -> ClapError:
+    """The error for a params value that is wrong: rule ``bad_params``, ``column`` the dotted key whose
+    value failed (``gate.power``, ``chain.retrieval.k1``, not its section), ``file`` the params file."""
+    return ClapError(message, file=file, column=key, rule="bad_params")
+
+
+def check_keys(checks: Mapping[str, bool], message: str, file: Path | str = "params.yaml") -> None:
+    """Raise :func:`bad_param` with ``message`` naming the first dotted key of ``checks`` (key -> its
+    value is valid) whose check failed; nothing when all pass."""
+    failed = next((key for key, ok in checks.items() if not ok), None)
+    if failed is not None:
+        raise bad_param(failed, message, file)
+
+
+def stray_key(where: str, raw: Any, required: Iterable[str], optional: Iterable[str] = ()) -> str:
+    """The dotted key to name when mapping ``raw`` (params ``where``) must have the keys ``required``
+    and may have ``optional``: its first unknown key, else its first missing one, else ``where``
+    itself (``raw`` is not a mapping, or no key is stray)."""
+    if not isinstance(raw, dict):
+        return where
+    required = set(required)
+    odd = sorted(str(k) for k in set(raw) - required - set(optional)) or sorted(required - set(raw))
+    return f"{where}.{odd[0]}" if odd else where
 
 
 def parse_yaml(text: str) -> Any:
@@ -84,29 +109,18 @@ def _layer(path: Path, text: str) -> tuple[Layer, str | None]:
         raise ClapError("params file must be a mapping of sections", file=path, rule="bad_params")
     extends = data.pop(EXTENDS, None)
     if extends is not None and (not isinstance(extends, str) or not extends.strip()):
-        raise ClapError(
+        raise bad_param(
+            EXTENDS,
             f"{EXTENDS} must be the path of the params file this one overrides, got {extends!r}",
-            file=path,
-            column=EXTENDS,
-            rule="bad_params",
+            path,
         )
     entries = data.pop(REPLACE, None)
     if entries is not None and extends is None:
-        raise ClapError(
-            f"{REPLACE} needs {EXTENDS}: it says what an override replaces",
-            file=path,
-            column=REPLACE,
-            rule="bad_params",
-        )
+        raise bad_param(REPLACE, f"{REPLACE} needs {EXTENDS}: it says what an override replaces", path)
     if entries is not None and (
         not isinstance(entries, list) or not all(isinstance(e, str) for e in entries)
     ):
-        raise ClapError(
-            f"{REPLACE} must be a list of dotted keys, got {entries!r}",
-            file=path,
-            column=REPLACE,
-            rule="bad_params",
-        )
+        raise bad_param(REPLACE, f"{REPLACE} must be a list of dotted keys, got {entries!r}", path)
     replace = set()
     for entry in entries or []:
         parts = tuple(entry.split("."))
@@ -273,9 +287,7 @@ def build(cls: type[T], raw: Any, *, where: str = "params", file: Path | str = D
     Raises ClapError on a missing or unknown key, naming the dotted key path.
     """
     if not isinstance(raw, dict):
-        raise ClapError(
-            f"{where} must be a mapping, got {type(raw).__name__}", file=file, column=where, rule="bad_params"
-        )
+        raise bad_param(where, f"{where} must be a mapping, got {type(raw).__name__}", file)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     missing = sorted(set(fields) - set(raw))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from clap.errors import ClapError
+from clap.params import bad_param
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,9 @@ def configure(p: ProgressParams) -> None:
     """Set this process's interval of plain progress lines (params ``progress``)."""
     global _log_every_s
     if isinstance(p.log_every_s, bool) or not isinstance(p.log_every_s, (int, float)) or p.log_every_s < 0:
-        raise ClapError(
+        raise bad_param(
+            "progress.log_every_s",
             f"progress.log_every_s must be a number of seconds >= 0, got {p.log_every_s!r}",
-            file="params.yaml",
-            column="progress.log_every_s",
-            rule="bad_params",
         )
     _log_every_s = float(p.log_every_s)
     if not _isatty(sys.stderr):

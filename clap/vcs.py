@@ -12,15 +12,30 @@ from clap.errors import ClapError
 from clap.params import parse_yaml
 
 
+def git_run(
+    root: Path | str, *args: str, text: bool = False, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """Run git in ``root`` and return the finished process, whatever its exit code (output captured:
+    bytes, or str with ``text``): for a caller to whom a non-zero code is an answer (``check-ignore``,
+    ``cat-file -e``, ``merge-base --is-ancestor``) or that needs git's bytes. :func:`git` raises instead."""
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=text, timeout=timeout)
+
+
 def git(root: Path | str, *args: str) -> str:
     """Run git in ``root``; a failure is a ClapError carrying git's message."""
-    proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    proc = git_run(root, *args, text=True)
     if proc.returncode != 0:
         raise ClapError(
             f"git {' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout.strip()}",
             rule="git_failed",
         )
     return proc.stdout
+
+
+def is_ignored(root: Path | str, path: Path | str) -> bool:
+    """Whether git ignores ``path`` (relative to ``root``): ``git check-ignore -q``, whose exit code is
+    the answer (1: not ignored; any other failure counts as not ignored too)."""
+    return git_run(root, "check-ignore", "-q", str(path)).returncode == 0
 
 
 def head_commit(root: Path | str) -> str:
@@ -31,12 +46,10 @@ def head_commit(root: Path | str) -> str:
 def commit_or_unknown(root: Path | str = ".") -> str:
     """``git rev-parse HEAD``, or "unknown" outside a git checkout (or before the first commit): for records."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
-        )
+        out = git_run(root, "rev-parse", "HEAD", text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    return (out.stdout.strip() if out.returncode == 0 else "") or "unknown"
 
 
 def require_committed(root: Path | str, paths: list[Path], why: str) -> None:

@@ -26,6 +26,7 @@ from clap.chain.retrieval import KBIndex, RetrievalParams
 from clap.errors import ClapError
 from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
+from clap.params import check_keys
 from clap.task.prompt import build_messages
 from clap.task.scoring import ParsedAnswer, context_text, parse_answer
 
@@ -42,13 +43,10 @@ class ChainParams:
 
     def __post_init__(self) -> None:
         check_decoding(self.decoding, "chain.decoding")
-        if self.top_k < 1 or self.max_new_tokens < 1:
-            raise ClapError(
-                "chain: top_k and max_new_tokens must be >= 1",
-                file="params.yaml",
-                column="chain",
-                rule="bad_params",
-            )
+        check_keys(
+            {"chain.top_k": self.top_k >= 1, "chain.max_new_tokens": self.max_new_tokens >= 1},
+            "chain: top_k and max_new_tokens must be >= 1",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

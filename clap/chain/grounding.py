@@ -25,9 +25,9 @@ from clap.data.normalize import (
     dates_in,
     key_units,
 )
-from clap.errors import ClapError
 from clap.model.constrain import DECODING_MODES, Constraint, Grammars
 from clap.model.generate import stop_ids
+from clap.params import bad_param
 from clap.task.answer import AnswerSchema
 from clap.task.prompt import answer_json_schema, context_sentences
 
@@ -60,12 +60,10 @@ def answer_space(p: NormalizeParams, answer: AnswerSchema) -> AnswerSpace:
     words = answer_vocabularies(p)
     missing = [f.name for f in answer.fields if f.type == "vocabulary" and not words.get(f.name)]
     if missing:
-        raise ClapError(
+        raise bad_param(
+            f"task.answer.{missing[0]}",
             f"answer field(s) {missing} are vocabularies, but params normalize gives no words for them "
             f"(it has {sorted(words)})",
-            file="params.yaml",
-            column=f"task.answer.{missing[0]}",
-            rule="bad_params",
         )
     unit = next((f for f in answer.fields if f.role == "unit" and f.of), None)
     units = key_units(p) if unit is not None else {}
@@ -75,12 +73,7 @@ def answer_space(p: NormalizeParams, answer: AnswerSchema) -> AnswerSpace:
 
 def check_decoding(mode: str, where: str) -> str:
     if mode not in DECODING_MODES:
-        raise ClapError(
-            f"decoding must be one of {list(DECODING_MODES)}, got {mode!r}",
-            file="params.yaml",
-            column=where,
-            rule="bad_params",
-        )
+        raise bad_param(where, f"decoding must be one of {list(DECODING_MODES)}, got {mode!r}")
     return mode
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from clap.errors import ClapError
+from clap.params import bad_param, check_keys, stray_key
 
 MONTHS = (
     "january",
@@ -89,19 +90,19 @@ def _entity_params(field: str, raw: Any) -> EntityParams:
     kind = raw.get("kind") if isinstance(raw, dict) else None
     where = f"chain.retrieval.entities.{field}"
     if kind not in ENTITY_KINDS or set(raw) - {"kind"} != allowed[kind]:
-        raise ClapError(
+        if kind in ENTITY_KINDS:
+            key = stray_key(where, raw, {"kind"} | allowed[kind])
+        else:
+            key = f"{where}.kind" if isinstance(raw, dict) else where
+        raise bad_param(
+            key,
             f"{where}: kind one of {list(ENTITY_KINDS)} with exactly the keys code: letter, prefixes | "
             "anchored: anchor, words | date: none",
-            file="params.yaml",
-            column=where,
-            rule="bad_params",
         )
     if kind == "code" and not (isinstance(raw["letter"], str) and len(raw["letter"]) == 1):
-        raise ClapError(
-            f"{where}.letter must be one letter", file="params.yaml", column=where, rule="bad_params"
-        )
+        raise bad_param(f"{where}.letter", f"{where}.letter must be one letter")
     if kind == "anchored" and not (isinstance(raw["anchor"], str) and raw["anchor"].strip()):
-        raise ClapError(f"{where}.anchor must be a word", file="params.yaml", column=where, rule="bad_params")
+        raise bad_param(f"{where}.anchor", f"{where}.anchor must be a word")
     return EntityParams(
         kind,
         str(raw.get("letter", "")),
@@ -124,11 +125,9 @@ class RetrievalParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.entities, dict):
-            raise ClapError(
+            raise bad_param(
+                "chain.retrieval.entities",
                 "chain.retrieval.entities must map key fields to their declarations",
-                file="params.yaml",
-                column="chain.retrieval.entities",
-                rule="bad_params",
             )
         object.__setattr__(
             self,
@@ -138,18 +137,15 @@ class RetrievalParams:
                 for f, e in self.entities.items()
             },
         )
-        if (
-            self.stopwords not in STOPWORD_SETS
-            or self.k1 < 0
-            or not 0.0 <= self.b <= 1.0
-            or self.entity_weight < 1
-        ):
-            raise ClapError(
-                f"chain.retrieval: stopwords one of {STOPWORD_SETS}, k1 >= 0, 0 <= b <= 1, entity_weight >= 1",
-                file="params.yaml",
-                column="chain.retrieval",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "chain.retrieval.stopwords": self.stopwords in STOPWORD_SETS,
+                "chain.retrieval.k1": self.k1 >= 0,
+                "chain.retrieval.b": 0.0 <= self.b <= 1.0,
+                "chain.retrieval.entity_weight": self.entity_weight >= 1,
+            },
+            f"chain.retrieval: stopwords one of {STOPWORD_SETS}, k1 >= 0, 0 <= b <= 1, entity_weight >= 1",
+        )
 
 
 def _fold(text: str) -> str:

@@ -31,6 +31,7 @@ from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
+from clap.params import bad_param, check_keys
 from clap.release.registry import verify_pointer
 
 POINTER = Path("releases/production.json")
@@ -50,13 +51,14 @@ class ServeParams:
     max_question_chars: int
 
     def __post_init__(self) -> None:
-        if self.unreleased not in UNRELEASED or self.max_question_chars < 1 or not 0 <= self.port <= 65535:
-            raise ClapError(
-                f"serve: unreleased one of {UNRELEASED}, max_question_chars >= 1, 0 <= port <= 65535",
-                file="params.yaml",
-                column="serve",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "serve.unreleased": self.unreleased in UNRELEASED,
+                "serve.max_question_chars": self.max_question_chars >= 1,
+                "serve.port": 0 <= self.port <= 65535,
+            },
+            f"serve: unreleased one of {UNRELEASED}, max_question_chars >= 1, 0 <= port <= 65535",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +152,10 @@ def _unreleased(root: Path, p: ServeParams, base: str) -> Served:
         )
     batches = params.raw_section("batches", root / "params.yaml")
     if not batches:
-        raise ClapError(
+        raise bad_param(
+            "batches",
             "params batches is empty: no knowledge base to serve the base model with",
-            file=root / "params.yaml",
-            column="batches",
-            rule="bad_params",
+            root / "params.yaml",
         )
     kb_batch = str(batches[-1])
     return Served(

@@ -26,6 +26,7 @@ import pandas as pd
 from clap.data.normalize import Vocab, evidence_status
 from clap.errors import ClapError
 from clap.io import logical_hash
+from clap.params import bad_param
 from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies, parse_doc_ids
 from clap.task.prompt import format_answer
@@ -513,12 +514,10 @@ def check_key_params(p: AdmitParams, schema: AnswerSchema) -> None:
             else []
         )
         if unknown or bad:
-            raise ClapError(
+            raise bad_param(
+                f"admit.{where}" + (f".{(unknown or bad)[0]}" if isinstance(fields, dict) else ""),
                 f"admit.{where} must map key fields of the answer (params task: {list(schema.keys)}) to "
                 f"numbers; it names {unknown or bad}",
-                file="params.yaml",
-                column=f"admit.{where}",
-                rule="bad_params",
             )
 
 

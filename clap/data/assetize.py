@@ -616,7 +616,13 @@ def read_rows(src: Source, file: str, data: bytes, p: AssetizeParams) -> tuple[s
         raise ClapError("file is empty (0 bytes)", file=file, rule="empty_file")
     if src.format in ("parquet", "xlsx"):
         return "", _tabular_rows(src, data, file)
-    decoded = decode_file(data, list(src.encodings), file, max_bad_line_share=p.max_bad_line_share)
+    decoded = decode_file(
+        data,
+        list(src.encodings),
+        file,
+        max_bad_line_share=p.max_bad_line_share,
+        keys=(src.where("encodings"), "assetize.max_bad_line_share"),
+    )
     if src.format == "csv":
         rows = _csv_rows(src, decoded.text, decoded.bad_lines, file)
     elif src.format == "jsonl":

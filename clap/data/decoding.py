@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clap.errors import ClapError
+from clap.params import bad_param
 
 # (signature, what the file is); checked before anything else. A signature counts only in bytes with
 # a NUL (these formats always have one in their first header; a text export never does): a CSV whose
@@ -85,7 +86,14 @@ class Decoded:
     evidence: str
 
 
-def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_share: float) -> Decoded:
+def decode_file(
+    data: bytes,
+    encodings: list[str],
+    file: str,
+    *,
+    max_bad_line_share: float,
+    keys: tuple[str, str] = ("encodings", "max_bad_line_share"),
+) -> Decoded:
     """Decode one raw file with the declared encoding its bytes are evidence of.
 
     Args:
@@ -95,18 +103,20 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
         file: the file's name, for errors.
         max_bad_line_share: in a UTF-8 file with invalid bytes, the largest share (0..1) of
             physical lines that may be bad; above it the whole file is an error.
+        keys: the params keys of ``encodings`` and ``max_bad_line_share``, which a bad_params
+            error names (e.g. ``assetize.sources.erp.encodings``, ``assetize.max_bad_line_share``).
 
     Returns:
         The text, the encoding used, the bad lines and the evidence.
 
     Raises:
-        ClapError: rule ``bad_params`` (column ``encodings`` or ``max_bad_line_share``) for an
+        ClapError: rule ``bad_params`` (column: the key of ``keys``) for an
             unknown or non-text encoding, an empty list or a share outside 0..1; rule
             ``bad_encoding`` when the bytes are not text in any declared encoding, say so
             ambiguously, or have too many bad lines (the message says what the file looks like).
     """
-    declared = _declared(encodings)
-    _check_share(max_bad_line_share)
+    declared = _declared(encodings, keys[0])
+    _check_share(max_bad_line_share, keys[1])
     ctx = f"declared encodings {list(encodings)}"
 
     def fail(message: str, row: int | None = None) -> ClapError:
@@ -126,18 +136,14 @@ def decode_file(data: bytes, encodings: list[str], file: str, *, max_bad_line_sh
     return _invalid_utf8(data, body, bom, declared, max_bad_line_share, fail)
 
 
-def _check_share(max_bad_line_share: float) -> None:
+def _check_share(max_bad_line_share: float, key: str) -> None:
     """``max_bad_line_share`` must be a number (not a bool) in 0..1: bad params otherwise."""
     if (
         isinstance(max_bad_line_share, bool)
         or not isinstance(max_bad_line_share, (int, float))
         or not (0 <= max_bad_line_share <= 1)
     ):
-        raise ClapError(
-            f"max_bad_line_share must be a number in 0..1, got {max_bad_line_share!r}",
-            column="max_bad_line_share",
-            rule="bad_params",
-        )
+        raise bad_param(key, f"max_bad_line_share must be a number in 0..1, got {max_bad_line_share!r}")
 
 
 def _binary_or_wide(
@@ -291,14 +297,10 @@ def _legacy(
     raise fail(f"file is not UTF-8 ({bad[first]}; no valid multi-byte sequence) and {tried}", row=first)
 
 
-def _declared(encodings: list[str]) -> list[tuple[str, str]]:
+def _declared(encodings: list[str], key: str) -> list[tuple[str, str]]:
     """(name as given, canonical codec name) per declared encoding; unknown names are bad params."""
     if isinstance(encodings, str) or not encodings:
-        raise ClapError(
-            f"encodings must be a non-empty list of encoding names, got {encodings!r}",
-            column="encodings",
-            rule="bad_params",
-        )
+        raise bad_param(key, f"encodings must be a non-empty list of encoding names, got {encodings!r}")
     out = []
     for enc in encodings:
         try:
@@ -307,10 +309,8 @@ def _declared(encodings: list[str]) -> list[tuple[str, str]]:
         except UnicodeDecodeError:
             pass  # a real text encoding (utf-16 cannot decode one byte)
         except (LookupError, TypeError, UnicodeError) as e:
-            raise ClapError(
-                f"unknown encoding {enc!r} in the declared encodings {list(encodings)}",
-                column="encodings",
-                rule="bad_params",
+            raise bad_param(
+                key, f"unknown encoding {enc!r} in the declared encodings {list(encodings)}"
             ) from e
         out.append((enc, canon))
     return out

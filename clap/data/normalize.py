@@ -37,6 +37,7 @@ import pandas as pd
 from clap import io, params
 from clap.data.assetize import asset_columns
 from clap.errors import ClapError
+from clap.params import bad_param, stray_key
 from clap.task.answer import PARAMS, AnswerSchema, load_answer_schema
 from clap.task.context import parse_doc_ids
 from clap.task.prompt import context_sentences
@@ -80,10 +81,6 @@ def normalize_params(path: Path | str = PARAMS) -> NormalizeParams:
     )
     fields = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
     return NormalizeParams(**fields, answer=load_answer_schema(path))
-
-
-def _bad(message: str, column: str) -> ClapError:
-    return ClapError(message, file=PARAMS, column=column, rule="bad_params")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +151,10 @@ def key_units(p: NormalizeParams) -> dict[str, str]:
 def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
     at = f"normalize.keys.{name}"
     if not isinstance(decl, dict) or decl.get("kind") not in KEY_KINDS:
-        raise _bad(f"{at} must be a mapping with kind one of {list(KEY_KINDS)}", at)
+        raise bad_param(
+            f"{at}.kind" if isinstance(decl, dict) else at,
+            f"{at} must be a mapping with kind one of {list(KEY_KINDS)}",
+        )
     kind = decl["kind"]
     allowed = {
         "vocabulary": {"kind", "words", "strip_value_affixes"},
@@ -163,35 +163,37 @@ def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
         "text": {"kind"},
     }[kind]
     if set(decl) != allowed:
-        raise _bad(f"{at} (kind {kind}) must have exactly the keys {sorted(allowed)}", at)
+        raise bad_param(
+            stray_key(at, decl, allowed), f"{at} (kind {kind}) must have exactly the keys {sorted(allowed)}"
+        )
     if kind == "vocabulary":
         by_alias: dict[str, str] = {}
         word_unit: dict[str, str] = {}
         if not isinstance(decl["words"], dict) or not decl["words"]:
-            raise _bad(f"{at}.words must map each canonical word to its aliases", f"{at}.words")
+            raise bad_param(f"{at}.words", f"{at}.words must map each canonical word to its aliases")
         for word, spec in decl["words"].items():
             word = str(word)
             if isinstance(spec, dict):
                 if set(spec) - {"labels", "unit"} or "labels" not in spec:
-                    raise _bad(
-                        f"{at}.words.{word} must be a list of aliases or {{labels, unit}}",
+                    raise bad_param(
                         f"{at}.words.{word}",
+                        f"{at}.words.{word} must be a list of aliases or {{labels, unit}}",
                     )
                 aliases = spec["labels"]
                 if "unit" in spec:
                     if spec["unit"] not in units:
-                        raise _bad(
-                            f"{at}.words.{word} has unit {spec['unit']!r}, which no unit variant maps to",
+                        raise bad_param(
                             f"{at}.words.{word}",
+                            f"{at}.words.{word} has unit {spec['unit']!r}, which no unit variant maps to",
                         )
                     word_unit[word] = str(spec["unit"])
             else:
                 aliases = spec
             for alias in [word, *(aliases or [])]:
                 if by_alias.setdefault(label_key(str(alias)), word) != word:
-                    raise _bad(
-                        f"alias {alias!r} names both {by_alias[label_key(str(alias))]!r} and {word!r}",
+                    raise bad_param(
                         f"{at}.words",
+                        f"alias {alias!r} names both {by_alias[label_key(str(alias))]!r} and {word!r}",
                     )
         return KeyNorm(
             name,
@@ -203,7 +205,7 @@ def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
         )
     if kind == "code":
         if "{n}" not in str(decl["format"]):
-            raise _bad(f"{at}.format must contain {{n}} (the code's number)", f"{at}.format")
+            raise bad_param(f"{at}.format", f"{at}.format must contain {{n}} (the code's number)")
         prefixes = "|".join(re.escape(label_key(x)) for x in sorted(decl["prefixes"], key=len, reverse=True))
         code_re = re.compile(rf"(?:{prefixes})?\s*[-_.#]?\s*0*(\d+)" if prefixes else r"0*(\d+)")
         return KeyNorm(
@@ -215,23 +217,25 @@ def _compile_key(name: str, decl: Any, units: set[str]) -> KeyNorm:
 def build_vocab(p: NormalizeParams) -> Vocab:
     """Compile the params vocabulary for the declared answer; contradictions raise ClapError naming params.yaml."""
     if p.answer is None:
-        raise _bad("normalize params carry no answer declaration: load them with normalize_params()", "task")
+        raise bad_param(
+            "task", "normalize params carry no answer declaration: load them with normalize_params()"
+        )
     answer = p.answer
     units = {label_key(str(k)): (str(v[0]), float(v[1])) for k, v in p.units.items()}
     if not isinstance(p.keys, dict) or set(p.keys) != set(answer.keys):
-        raise _bad(
-            f"normalize.keys must declare a normalizer for exactly the answer's key fields {list(answer.keys)} (has {sorted(p.keys or [])})",
+        raise bad_param(
             "normalize.keys",
+            f"normalize.keys must declare a normalizer for exactly the answer's key fields {list(answer.keys)} (has {sorted(p.keys or [])})",
         )
     keys = tuple(_compile_key(k, p.keys[k], {u for u, _ in units.values()}) for k in answer.keys)
     for k in keys:
         if KEY_KINDS[k.kind] != answer.field(k.name).type:
-            raise _bad(
-                f"normalize.keys.{k.name} is a {k.kind} normalizer but task.answer.{k.name} has type {answer.field(k.name).type}",
+            raise bad_param(
                 f"normalize.keys.{k.name}",
+                f"normalize.keys.{k.name} is a {k.kind} normalizer but task.answer.{k.name} has type {answer.field(k.name).type}",
             )
     if p.evidence not in EVIDENCE_MODES:
-        raise _bad(f"normalize.evidence must be one of {list(EVIDENCE_MODES)}", "normalize.evidence")
+        raise bad_param("normalize.evidence", f"normalize.evidence must be one of {list(EVIDENCE_MODES)}")
     unit_alt = _unit_alternation(units)
     vocab = Vocab(
         answer=answer,
@@ -253,9 +257,9 @@ def build_vocab(p: NormalizeParams) -> Vocab:
         abs_tol=float(p.value_abs_tol),
     )
     if vocab.unit_of and not vocab.key(vocab.unit_of).word_unit:
-        raise _bad(
-            f"task.answer's unit is decided by {vocab.unit_of!r}, but normalize.keys.{vocab.unit_of} gives its words no unit",
+        raise bad_param(
             f"normalize.keys.{vocab.unit_of}",
+            f"task.answer's unit is decided by {vocab.unit_of!r}, but normalize.keys.{vocab.unit_of} gives its words no unit",
         )
     return vocab
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clap.errors import ClapError
+from clap.params import bad_param
 
 FORMATS = ("csv", "jsonl", "json", "parquet", "xlsx")
 TEXT_FORMATS = ("csv", "jsonl", "json")
@@ -105,13 +106,9 @@ class Source:
         return f"assetize.sources.{self.name}" + (f".{key}" if key else "")
 
 
-def _bad(message: str, column: str) -> ClapError:
-    return ClapError(message, file=PARAMS, column=column, rule="bad_params")
-
-
 def _keys(raw: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict:
     if not isinstance(raw, dict):
-        raise _bad(f"{where} must be a mapping, got {type(raw).__name__}", where)
+        raise bad_param(where, f"{where} must be a mapping, got {type(raw).__name__}")
     missing, unknown = sorted(required - set(raw)), sorted(set(raw) - required - set(optional))
     if missing:
         raise ClapError(
@@ -142,13 +139,13 @@ def parse_field(raw: Any, where: str) -> FieldSpec:
         "documents_of": ({"documents_of"}, set()),
     }
     if not isinstance(raw, dict) or len([f for f in forms if f in raw]) != 1:
-        raise _bad(f"{where} must be a column/key path or a mapping with one of {sorted(forms)}", where)
+        raise bad_param(where, f"{where} must be a column/key path or a mapping with one of {sorted(forms)}")
     form = next(f for f in forms if f in raw)
     _keys(raw, where, *forms[form])
     if form == "from":
         kind = raw.get("type", "text")
         if kind not in FIELD_TYPES:
-            raise _bad(f"{where}.type {kind!r} is not one of {list(FIELD_TYPES)}", f"{where}.type")
+            raise bad_param(f"{where}.type", f"{where}.type {kind!r} is not one of {list(FIELD_TYPES)}")
         return FieldSpec("path", path=str(raw["from"]), type=kind)
     if form == "const":
         return FieldSpec("const", const=raw["const"])
@@ -163,7 +160,7 @@ def parse_field(raw: Any, where: str) -> FieldSpec:
         or not all(isinstance(v, (int, float)) and v >= 0 for v in shares.values())
         or abs(sum(shares.values()) - 1) > 1e-9
     ):
-        raise _bad(f"{where}.shares must map labels to shares >= 0 that sum to 1", f"{where}.shares")
+        raise bad_param(f"{where}.shares", f"{where}.shares must map labels to shares >= 0 that sum to 1")
     return FieldSpec(
         "hash",
         path=str(raw["hash"]),
@@ -183,7 +180,7 @@ def parse_sources(raw: Any, columns: Mapping[str, tuple[str, ...]]) -> tuple[Sou
         ClapError: naming params.yaml and the dotted key of the first problem.
     """
     if not isinstance(raw, dict) or not raw:
-        raise _bad("assetize.sources must map source names to declarations", "assetize.sources")
+        raise bad_param("assetize.sources", "assetize.sources must map source names to declarations")
     return tuple(_parse_source(name, decl, columns) for name, decl in raw.items())
 
 
@@ -221,11 +218,11 @@ def _parse_source(name: Any, decl: Any, columns: Mapping[str, tuple[str, ...]]) 
     """One source's declaration (``assetize.sources.<name>``), checked, as a :class:`Source`."""
     where = f"assetize.sources.{name}"
     if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)):
-        raise _bad(f"source name {name!r} must be lower-case letters, digits and '_'", where)
+        raise bad_param(where, f"source name {name!r} must be lower-case letters, digits and '_'")
     _refuse_todo(decl, where)
     fmt = decl.get("format") if isinstance(decl, dict) else None
     if fmt not in _FORMAT_KEYS:
-        raise _bad(f"{where}.format must be one of {list(FORMATS)}, got {fmt!r}", f"{where}.format")
+        raise bad_param(f"{where}.format", f"{where}.format must be one of {list(FORMATS)}, got {fmt!r}")
     _keys(
         decl,
         where,
@@ -234,12 +231,12 @@ def _parse_source(name: Any, decl: Any, columns: Mapping[str, tuple[str, ...]]) 
     )
     target = decl["target"]
     if target not in TARGETS:
-        raise _bad(f"{where}.target must be one of {list(TARGETS)}, got {target!r}", f"{where}.target")
+        raise bad_param(f"{where}.target", f"{where}.target must be one of {list(TARGETS)}, got {target!r}")
     fields = decl["fields"]
     have = _mapped_columns(fields, columns, target, where)
     unique = tuple(decl["unique"]) if isinstance(decl["unique"], list) else ()
     if not unique or not set(unique) <= have or decl["id"] not in have:
-        raise _bad(f"{where}.unique (a list) and {where}.id must name mapped columns", f"{where}.unique")
+        raise bad_param(f"{where}.unique", f"{where}.unique (a list) and {where}.id must name mapped columns")
     kw = _read_options(decl, fmt, where)
     kw.update(_row_options(decl, fmt, target, where))
     return Source(
@@ -257,13 +254,13 @@ def _parse_source(name: Any, decl: Any, columns: Mapping[str, tuple[str, ...]]) 
 def _mapped_columns(fields: Any, columns: Mapping[str, tuple[str, ...]], target: str, where: str) -> set[str]:
     """The asset columns ``fields`` maps: exactly the columns of ``target`` assets (``columns[target]``)."""
     if not isinstance(fields, dict):
-        raise _bad(f"{where}.fields must map asset columns to source fields", f"{where}.fields")
+        raise bad_param(f"{where}.fields", f"{where}.fields must map asset columns to source fields")
     need, have = columns[target], set(fields)
     if sorted(have - set(need)):
         bad = sorted(have - set(need))[0]
-        raise _bad(
-            f"{where}.fields.{bad}: {target} assets have no column {bad!r} (columns: {list(need)})",
+        raise bad_param(
             f"{where}.fields.{bad}",
+            f"{where}.fields.{bad}: {target} assets have no column {bad!r} (columns: {list(need)})",
         )
     if [c for c in need if c not in have]:
         miss = [c for c in need if c not in have][0]
@@ -283,14 +280,15 @@ def _read_options(decl: dict, fmt: str, where: str) -> dict[str, Any]:
     if fmt in TEXT_FORMATS:
         enc = decl["encodings"]
         if not isinstance(enc, list) or not enc or not all(isinstance(e, str) for e in enc):
-            raise _bad(f"{where}.encodings must be a non-empty list of encoding names", f"{where}.encodings")
+            raise bad_param(
+                f"{where}.encodings", f"{where}.encodings must be a non-empty list of encoding names"
+            )
         kw["encodings"] = tuple(enc)
     if fmt == "csv":
         c = _keys(decl["csv"], f"{where}.csv", {"delimiter", "decimal", "multiline"})
         if len(str(c["delimiter"])) != 1 or c["delimiter"] in '"\n\r':
-            raise _bad(
-                f"{where}.csv.delimiter must be one character other than a quote",
-                f"{where}.csv.delimiter",
+            raise bad_param(
+                f"{where}.csv.delimiter", f"{where}.csv.delimiter must be one character other than a quote"
             )
         kw.update(delimiter=c["delimiter"], multiline=tuple(c["multiline"]))
         kw["decimal"] = _decimal(c["decimal"], f"{where}.csv.decimal")
@@ -301,7 +299,7 @@ def _read_options(decl: dict, fmt: str, where: str) -> dict[str, Any]:
         kw.update(sheet=str(x["sheet"]), decimal=_decimal(x["decimal"], f"{where}.xlsx.decimal"))
     if "columns" in decl:
         if fmt not in ("csv", "xlsx", "parquet"):
-            raise _bad(f"{where}.columns applies to csv, xlsx and parquet sources", f"{where}.columns")
+            raise bad_param(f"{where}.columns", f"{where}.columns applies to csv, xlsx and parquet sources")
         kw["columns"] = tuple(decl["columns"])
     return kw
 
@@ -317,18 +315,17 @@ def _row_options(decl: dict, fmt: str, target: str, where: str) -> dict[str, Any
             or not only
             or not all(isinstance(v, list) and v for v in only.values())
         ):
-            raise _bad(
-                f"{where}.only must map paths to the non-empty list of values a kept row has",
-                f"{where}.only",
+            raise bad_param(
+                f"{where}.only", f"{where}.only must map paths to the non-empty list of values a kept row has"
             )
         kw["only"] = tuple((str(k), tuple(v)) for k, v in only.items())
     if "table" in decl:
         t = _keys(decl["table"], f"{where}.table", {"cells", "header_rows"})
         if target != "documents" or fmt not in ("json", "jsonl"):
-            raise _bad(f"{where}.table applies to json/jsonl documents sources", f"{where}.table")
+            raise bad_param(f"{where}.table", f"{where}.table applies to json/jsonl documents sources")
         if not (t["header_rows"] == "auto" or (isinstance(t["header_rows"], int) and t["header_rows"] >= 0)):
-            raise _bad(
-                f"{where}.table.header_rows must be 'auto' or an int >= 0", f"{where}.table.header_rows"
+            raise bad_param(
+                f"{where}.table.header_rows", f"{where}.table.header_rows must be 'auto' or an int >= 0"
             )
         kw["table"] = TableSpec(str(t["cells"]), t["header_rows"])
     return kw
@@ -336,7 +333,7 @@ def _row_options(decl: dict, fmt: str, target: str, where: str) -> dict[str, Any
 
 def _decimal(value: Any, where: str) -> str:
     if value not in (".", ","):
-        raise _bad(f"{where} must be '.' or ','", where)
+        raise bad_param(where, f"{where} must be '.' or ','")
     return value
 
 

@@ -105,13 +105,11 @@ def batch_spec(p: DemoParams, name: str, path: Path | str = params.DEFAULT_PATH)
             rule="unknown_batch",
         )
     spec = params.build(BatchSpec, p.batches[name], where=f"demo.batches.{name}", file=path)
-    if spec.kind not in KINDS or spec.mix not in p.mixes:
-        raise ClapError(
-            f"batch {name}: kind must be one of {KINDS} and mix one of {sorted(p.mixes)}",
-            file=path,
-            column=f"demo.batches.{name}",
-            rule="bad_params",
-        )
+    params.check_keys(
+        {f"demo.batches.{name}.kind": spec.kind in KINDS, f"demo.batches.{name}.mix": spec.mix in p.mixes},
+        f"batch {name}: kind must be one of {KINDS} and mix one of {sorted(p.mixes)}",
+        path,
+    )
     return spec
 
 

@@ -48,6 +48,7 @@ from clap.judge import certification
 from clap.judge.evaluation import EvalParams, ModelSpec, adapter_sha256, eval_params, evaluate
 from clap.judge.gating import DECISION_CODE, GateParams, GateResult, decide, run_gate
 from clap.model.base import ADAPTER_FILE
+from clap.params import check_keys
 from clap.task.answer import AnswerSchema
 from clap.task.scoring import ScoringParams, scoring_params
 from clap.train.budget import BudgetParams, budget_params
@@ -84,21 +85,23 @@ class CalibrateParams:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FAULTS))
         bad_fail = sorted(set(self.fail_on) - set(DECISION_CODE))
-        if unknown or bad_fail or not 0.0 < self.dirty_fraction <= 1.0 or self.nan_at_step < 1:
-            raise ClapError(
-                f"calibrate: faults must be among {FAULTS} (unknown {unknown}), fail_on among {tuple(DECISION_CODE)} "
-                f"(unknown {bad_fail}), 0 < dirty_fraction <= 1, nan_at_step >= 1",
-                file="params.yaml",
-                column="calibrate",
-                rule="bad_params",
-            )
-        if not self.clean_seeds or (self.faults and not self.fault_seeds):
-            raise ClapError(
-                "calibrate: clean_seeds (and fault_seeds when faults are listed) must not be empty",
-                file="params.yaml",
-                column="calibrate",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "calibrate.faults": not unknown,
+                "calibrate.fail_on": not bad_fail,
+                "calibrate.dirty_fraction": 0.0 < self.dirty_fraction <= 1.0,
+                "calibrate.nan_at_step": self.nan_at_step >= 1,
+            },
+            f"calibrate: faults must be among {FAULTS} (unknown {unknown}), fail_on among {tuple(DECISION_CODE)} "
+            f"(unknown {bad_fail}), 0 < dirty_fraction <= 1, nan_at_step >= 1",
+        )
+        check_keys(
+            {
+                "calibrate.clean_seeds": bool(self.clean_seeds),
+                "calibrate.fault_seeds": bool(self.fault_seeds) or not self.faults,
+            },
+            "calibrate: clean_seeds (and fault_seeds when faults are listed) must not be empty",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ from clap.judge.scored import ROLES, TIMING_COLUMNS, answer_metric_columns, scor
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
+from clap.params import bad_param, check_keys
 from clap.release.registry import verify_pointer
 from clap.task.answer import AnswerSchema, gold_of
 from clap.task.context import item_docs, kb_bodies
@@ -59,19 +60,11 @@ class EvalParams:
         check_decoding(self.decoding, "chain.decoding")
         answer_metric_columns(self.answer_metric)  # raises on an unknown metric
         if self.free_diagnostic_items < 0:
-            raise ClapError(
-                "eval.free_diagnostic_items must be >= 0",
-                file="params.yaml",
-                column="eval.free_diagnostic_items",
-                rule="bad_params",
-            )
-        if self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ClapError(
-                "eval.batch_size and chain.max_new_tokens must be >= 1",
-                file="params.yaml",
-                column="eval.batch_size",
-                rule="bad_params",
-            )
+            raise bad_param("eval.free_diagnostic_items", "eval.free_diagnostic_items must be >= 0")
+        check_keys(
+            {"eval.batch_size": self.batch_size >= 1, "chain.max_new_tokens": self.max_new_tokens >= 1},
+            "eval.batch_size and chain.max_new_tokens must be >= 1",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

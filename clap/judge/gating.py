@@ -39,6 +39,7 @@ from clap.judge.stats import (
     rule_required_pairs,
     slice_regression_pvalue,
 )
+from clap.params import check_keys
 
 DECISIONS = ("reject", "hold", "canary", "promote")  # index = decision code in the flat metrics
 DECISION_CODE = {d: i for i, d in enumerate(DECISIONS)}
@@ -62,22 +63,16 @@ class ChainPolicy:
     latency_soft_budget_ms: float
 
     def __post_init__(self) -> None:
-        if (
-            min(
-                self.core_tolerance,
-                self.evidence_tolerance,
-                self.value_tolerance,
-                self.latency_soft_budget_ms,
-            )
-            < 0
-            or not 0 <= self.min_value_accuracy <= 1
-        ):
-            raise ClapError(
-                "gate.chain: tolerances and latency budget >= 0, min_value_accuracy in [0, 1]",
-                file="params.yaml",
-                column="gate.chain",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "gate.chain.core_tolerance": self.core_tolerance >= 0,
+                "gate.chain.evidence_tolerance": self.evidence_tolerance >= 0,
+                "gate.chain.value_tolerance": self.value_tolerance >= 0,
+                "gate.chain.latency_soft_budget_ms": self.latency_soft_budget_ms >= 0,
+                "gate.chain.min_value_accuracy": 0 <= self.min_value_accuracy <= 1,
+            },
+            "gate.chain: tolerances and latency budget >= 0, min_value_accuracy in [0, 1]",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +83,13 @@ class SlicePolicy:
     regression: str
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.alpha < 1.0 or self.regression not in DECISIONS:
-            raise ClapError(
-                f"gate.slices: 0 < alpha < 1 and regression one of {DECISIONS}",
-                file="params.yaml",
-                column="gate.slices",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "gate.slices.alpha": 0.0 < self.alpha < 1.0,
+                "gate.slices.regression": self.regression in DECISIONS,
+            },
+            f"gate.slices: 0 < alpha < 1 and regression one of {DECISIONS}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,24 +118,24 @@ class GateParams:
 
     def __post_init__(self) -> None:
         bad = {k: v for k, v in {**self.health, "unmasked": self.unmasked}.items() if v not in DECISIONS}
-        if (
-            self.baseline not in ("incumbent", "base")
-            or bad
-            or not 0.0 < self.near_bound <= 1.0
-            or not 0.0 < self.risk_alpha < 1.0
-            or not 0.0 <= self.min_prompt_masked <= 1.0
-            or not 0.0 < self.alpha < 1.0
-            or not 0.0 < self.power < 1.0
-            or not 0.0 <= self.delta_star < self.planning_delta <= self.planning_discordance <= 1.0
-        ):
-            raise ClapError(
-                f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, 0 < risk_alpha < 1, "
-                f"0 <= min_prompt_masked <= 1, 0 < alpha, power < 1, 0 <= delta_star < planning_delta <= planning_discordance <= 1 "
-                f"(bad decisions: {bad})",
-                file="params.yaml",
-                column="gate",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "gate.baseline": self.baseline in ("incumbent", "base"),
+                **{f"gate.health.{k}": v in DECISIONS for k, v in self.health.items()},
+                "gate.unmasked": self.unmasked in DECISIONS,
+                "gate.near_bound": 0.0 < self.near_bound <= 1.0,
+                "gate.risk_alpha": 0.0 < self.risk_alpha < 1.0,
+                "gate.min_prompt_masked": 0.0 <= self.min_prompt_masked <= 1.0,
+                "gate.alpha": 0.0 < self.alpha < 1.0,
+                "gate.power": 0.0 < self.power < 1.0,
+                "gate.delta_star": 0.0 <= self.delta_star,
+                "gate.planning_delta": self.delta_star < self.planning_delta,
+                "gate.planning_discordance": self.planning_delta <= self.planning_discordance <= 1.0,
+            },
+            f"gate: baseline must be incumbent|base, health and unmasked values one of {DECISIONS}, 0 < near_bound <= 1, 0 < risk_alpha < 1, "
+            f"0 <= min_prompt_masked <= 1, 0 < alpha, power < 1, 0 <= delta_star < planning_delta <= planning_discordance <= 1 "
+            f"(bad decisions: {bad})",
+        )
 
     @property
     def rule(self) -> Rule:

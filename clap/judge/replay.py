@@ -47,6 +47,7 @@ from clap.chain.grounding import AnswerSpace
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import scored_columns
+from clap.params import check_keys
 from clap.progress import Progress
 from clap.task.answer import AnswerSchema
 from clap.task.scoring import ScoringParams
@@ -105,13 +106,10 @@ class LatencyParams:
     seed: int
 
     def __post_init__(self) -> None:
-        if self.requests < 1 or self.warmup < 0:
-            raise ClapError(
-                "replay.latency: requests must be >= 1 and warmup >= 0",
-                file="params.yaml",
-                column="replay.latency",
-                rule="bad_params",
-            )
+        check_keys(
+            {"replay.latency.requests": self.requests >= 1, "replay.latency.warmup": self.warmup >= 0},
+            "replay.latency: requests must be >= 1 and warmup >= 0",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

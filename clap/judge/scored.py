@@ -14,6 +14,7 @@ import pandas as pd
 
 from clap import io
 from clap.errors import ClapError
+from clap.params import bad_param
 from clap.task.answer import AnswerSchema
 
 ROLES = ("base", "candidate", "incumbent")
@@ -36,11 +37,9 @@ def scored_columns(schema: AnswerSchema) -> list[str]:
 def answer_metric_columns(answer_metric: str) -> list[str]:
     """The per-item columns params ``eval.answer_metric`` adds to a scored-items frame (none: none)."""
     if answer_metric not in ANSWER_METRICS:
-        raise ClapError(
+        raise bad_param(
+            "eval.answer_metric",
             f"eval.answer_metric must be one of {list(ANSWER_METRICS)}, got {answer_metric!r}",
-            file="params.yaml",
-            column="eval.answer_metric",
-            rule="bad_params",
         )
     return [] if answer_metric == "none" else list(ANSWER_METRIC_COLUMNS)
 

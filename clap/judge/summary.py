@@ -18,6 +18,7 @@ import pandas as pd
 from clap import io
 from clap.errors import ClapError
 from clap.judge.gating import DECISIONS
+from clap.params import bad_param
 
 LOWER_IS_BETTER = frozenset(
     {"hallucination_rate", "wrong_fact_rate", "p50_latency_ms", "p95_latency_ms", "mean_new_tokens"}
@@ -34,11 +35,8 @@ class SummaryParams:
 
     def __post_init__(self) -> None:
         if not set(self.regression_metrics) <= set(self.metrics):
-            raise ClapError(
-                "summary.regression_metrics must be a subset of summary.metrics",
-                file="params.yaml",
-                column="summary",
-                rule="bad_params",
+            raise bad_param(
+                "summary.regression_metrics", "summary.regression_metrics must be a subset of summary.metrics"
             )
 
 

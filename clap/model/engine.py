@@ -31,6 +31,7 @@ from typing import Any
 
 from clap.errors import ClapError
 from clap.model.kv import buffered_cache
+from clap.params import bad_param
 
 ENGINES = ("openvino", "torch")
 PRECISIONS = ("f32", "bf16", "int8")
@@ -46,18 +47,14 @@ class EngineParams:
     def __post_init__(self) -> None:
         for key, value, allowed in (("name", self.name, ENGINES), ("precision", self.precision, PRECISIONS)):
             if value not in allowed:
-                raise ClapError(
+                raise bad_param(
+                    f"chain.engine.{key}",
                     f"chain.engine.{key} must be one of {', '.join(allowed)}, got {value!r}",
-                    file="params.yaml",
-                    column=f"chain.engine.{key}",
-                    rule="bad_params",
                 )
         if self.name == "torch" and self.precision != "f32":
-            raise ClapError(
+            raise bad_param(
+                "chain.engine.precision",
                 "chain.engine.precision applies to the openvino engine only (torch: CPU fp32, CUDA bf16)",
-                file="params.yaml",
-                column="chain.engine.precision",
-                rule="bad_params",
             )
 
 

@@ -39,7 +39,6 @@ import fcntl
 import hashlib
 import json
 import re
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,6 +48,7 @@ from typing import Any
 from clap import io, params, vcs
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
+from clap.params import bad_param, check_keys
 from clap.release.approval import (
     RELEASABLE,
     Binding,
@@ -114,22 +114,18 @@ class ReleaseParams:
     cost: CostParams
 
     def __post_init__(self) -> None:
-        if (
-            not (isinstance(self.key_quorum, int) and isinstance(self.approvals_required, int))
-            or min(self.key_quorum, self.approvals_required) < 1
-        ):
-            raise ClapError(
-                "release.key_quorum and release.approvals_required must be integers >= 1",
-                file="params.yaml",
-                column="release",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "release.key_quorum": isinstance(self.key_quorum, int) and self.key_quorum >= 1,
+                "release.approvals_required": isinstance(self.approvals_required, int)
+                and self.approvals_required >= 1,
+            },
+            "release.key_quorum and release.approvals_required must be integers >= 1",
+        )
         if not isinstance(self.rollback_to_base, bool):
-            raise ClapError(
+            raise bad_param(
+                "release.rollback_to_base",
                 f"release.rollback_to_base must be true or false, got {self.rollback_to_base!r}",
-                file="params.yaml",
-                column="release.rollback_to_base",
-                rule="bad_params",
             )
 
 
@@ -1133,7 +1129,7 @@ def _require_ignored(root: Path, probe: Path) -> None:
         if probe.resolve().is_relative_to(root.resolve())
         else None
     )
-    if rel is not None and subprocess.run(["git", "check-ignore", "-q", str(rel)], cwd=root).returncode != 0:
+    if rel is not None and not vcs.is_ignored(root, rel):
         raise ClapError(
             f"{rel} would not be ignored by git: keep private keys in a git-ignored folder (keys/)",
             rule="key_not_ignored",

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from clap import io, vcs
-from clap.errors import ClapError
+from clap.params import bad_param
 from clap.release.approval import Binding
 from clap.task.answer import AnswerSchema, load_answer_schema
 
@@ -91,11 +91,8 @@ def build_handoff(
         The artifacts and the list of problems (empty when all three are valid).
     """
     if cost_p.over_budget not in COST_POLICIES:
-        raise ClapError(
-            f"release.cost.over_budget must be one of {COST_POLICIES}",
-            file="params.yaml",
-            column="release.cost.over_budget",
-            rule="bad_params",
+        raise bad_param(
+            "release.cost.over_budget", f"release.cost.over_budget must be one of {COST_POLICIES}"
         )
     datasets = dataset_hashes(root, binding.batch)
     card = model_card(root, binding, datasets, card_p)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -68,7 +67,7 @@ class PrCheckResult:
 
 # --- git ----------------------------------------------------------------------------------
 def _git(root: Path, *args: str, what: str = "") -> bytes:
-    done = subprocess.run(["git", *args], cwd=root, capture_output=True)
+    done = vcs.git_run(root, *args)
     if done.returncode != 0:
         raise ClapError(
             f"{what or 'git ' + ' '.join(args)} failed: {done.stderr.decode(errors='replace').strip()[-2000:]}",
@@ -100,7 +99,7 @@ def export_committed(root: Path, rev: str, folders: Sequence[str], dest: Path) -
 
 def committed_lock(root: Path, rev: str) -> dict[str, Any]:
     """The stages of ``dvc.lock`` at ``rev`` ({} when the revision has none)."""
-    done = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=root, capture_output=True, text=True)
+    done = vcs.git_run(root, "show", f"{rev}:dvc.lock", text=True)
     if done.returncode != 0:
         return {}
     lock = yaml.safe_load(done.stdout) or {}

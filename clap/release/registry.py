@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,9 +46,10 @@ from typing import Any
 
 import jwt
 
-from clap import io, params
+from clap import io, params, vcs
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
+from clap.params import bad_param
 from clap.release.approval import BINDING_CLAIMS, RELEASABLE, key_sha256, verify_token
 from clap.release.trust import TRUST_LOG, Trust, required, signers
 from clap.release.trust import replay as replay_trust
@@ -166,20 +166,22 @@ def release_params(params_file: Path) -> dict[str, Any]:
     """What verifying approvals reads from params ``release``: audience, max_approval_ttl_s,
     key_quorum and approvals_required (each an error when missing)."""
     section = params.raw_section("release", params_file)
-    try:
-        return {
-            "audience": str(section["audience"]),
-            "max_ttl_s": int(section["max_approval_ttl_s"]),
-            "key_quorum": int(section["key_quorum"]),
-            "approvals_required": int(section["approvals_required"]),
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        raise ClapError(
-            "params release needs audience, max_approval_ttl_s, key_quorum and approvals_required to verify approvals",
-            file=params_file,
-            column="release",
-            rule="bad_params",
-        ) from e
+    out = {}
+    for name, key, kind in (
+        ("audience", "audience", str),
+        ("max_ttl_s", "max_approval_ttl_s", int),
+        ("key_quorum", "key_quorum", int),
+        ("approvals_required", "approvals_required", int),
+    ):
+        try:
+            out[name] = kind(section[key])
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad_param(
+                f"release.{key}",
+                "params release needs audience, max_approval_ttl_s, key_quorum and approvals_required to verify approvals",
+                params_file,
+            ) from e
+    return out
 
 
 def read_trust(root: Path, params_root: Path | None = None, history_length: int | None = None) -> Trust:
@@ -681,29 +683,15 @@ REGISTRY_FILES = (POINTER, HISTORY, LEDGER, TRUST_LOG)
 APPEND_ONLY = (HISTORY, LEDGER, TRUST_LOG)
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True)
-
-
-def _git_out(root: Path, *args: str) -> str:
-    proc = _git(root, *args)
-    if proc.returncode != 0:
-        raise ClapError(
-            f"git {' '.join(args[:2])} failed: {proc.stderr.decode(errors='replace').strip()}",
-            rule="git_failed",
-        )
-    return proc.stdout.decode()
-
-
 def _blob(root: Path, commit: str, path: Path) -> bytes | None:
     """``path`` as committed in ``commit``; None when it is not there."""
-    proc = _git(root, "cat-file", "blob", f"{commit}:./{path.as_posix()}")  # ./: relative to root
+    proc = vcs.git_run(root, "cat-file", "blob", f"{commit}:./{path.as_posix()}")  # ./: relative to root
     return proc.stdout if proc.returncode == 0 else None
 
 
 def _materialize(root: Path, commit: str, dest: Path) -> None:
     """Write ``releases/`` as of ``commit`` (the registry files and trusted keys) under ``dest``."""
-    names = _git_out(root, "ls-tree", "-r", "--name-only", commit, "--", f"{TRUSTED.as_posix()}/").split("\n")
+    names = vcs.git(root, "ls-tree", "-r", "--name-only", commit, "--", f"{TRUSTED.as_posix()}/").split("\n")
     paths = [*REGISTRY_FILES, *(Path(n) for n in names if n.endswith(".pub"))]
     (dest / TRUSTED).mkdir(parents=True, exist_ok=True)
     for path in paths:
@@ -768,13 +756,13 @@ def _worktree_rows(root: Path) -> dict[Path, list[Any]]:
 
 def _registry_commits(root: Path, rev: str) -> list[tuple[str, list[str], str]]:
     """(commit, parents, subject) of every commit that changed ``releases/``, oldest first (merges too)."""
-    if _git_out(root, "rev-parse", "--is-shallow-repository").strip() == "true":
+    if vcs.git(root, "rev-parse", "--is-shallow-repository").strip() == "true":
         raise ClapError(
             "this clone is shallow: the registry check replays every commit that changed releases/ "
             "(fetch the full history, e.g. actions/checkout with fetch-depth: 0)",
             rule="shallow_clone",
         )
-    out = _git_out(
+    out = vcs.git(
         root,
         "log",
         "--reverse",
@@ -812,13 +800,16 @@ def _check_released_from(root: Path, event: dict[str, Any], recorded_in: str) ->
     pointer = event.get("pointer") or {}
     batch, commit = pointer.get("batch"), pointer.get("commit")
     what = f"release of batch {batch} (approval {pointer.get('approval_id')})"
-    if not isinstance(commit, str) or _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+    if (
+        not isinstance(commit, str)
+        or vcs.git_run(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0
+    ):
         raise ClapError(
             f"{what}: the commit it was released from, {commit!r}, is not in this repository",
             file=HISTORY,
             rule="missing_commit",
         )
-    if _git(root, "merge-base", "--is-ancestor", commit, recorded_in).returncode != 0:
+    if vcs.git_run(root, "merge-base", "--is-ancestor", commit, recorded_in).returncode != 0:
         raise ClapError(
             f"{what}: it was released from {commit[:12]}, which is not an ancestor of the commit recording it",
             file=HISTORY,
@@ -1006,7 +997,7 @@ def check_registry(root: Path | str, emit: Callable[[str], None] = print, *, rev
         ClapError: the first commit (or the working tree) that does not verify, naming the commit and why.
     """
     root = Path(root)
-    if _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode != 0:
+    if vcs.git_run(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode != 0:
         raise ClapError(
             f"{root} is not a git checkout with a commit {rev}: the registry check replays releases/ through git",
             rule="not_a_repository",
@@ -1068,7 +1059,7 @@ def _check_commit(
 def _check_worktree(root: Path, rev: str, emit: Callable[[str], None]) -> tuple[_Registry, dict[str, Any]]:
     """Replay ``releases/`` as the working tree has it (what serve and eval read) with every check,
     its uncommitted events after those of ``rev``; return what was read and the production pointer."""
-    head = _committed_rows(root, _git_out(root, "rev-parse", rev).strip())
+    head = _committed_rows(root, vcs.git(root, "rev-parse", rev).strip())
     try:
         reg, pointer = _check_state(
             root,

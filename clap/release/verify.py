@@ -152,12 +152,7 @@ def _run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str] | None = None, wh
 
 def resolve_target(root: Path, target: str) -> tuple[str, list[str] | None]:
     """(commit sha, batches or None = every batch of the commit) for a commit-ish or a batch name."""
-    found = subprocess.run(
-        ["git", "rev-parse", "--verify", "--quiet", f"{target}^{{commit}}"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
+    found = vcs.git_run(root, "rev-parse", "--verify", "--quiet", f"{target}^{{commit}}", text=True)
     if found.returncode == 0:
         return found.stdout.strip(), None
     head = _run(["git", "rev-parse", "HEAD"], root, what="git rev-parse HEAD").strip()
@@ -171,9 +166,7 @@ def resolve_target(root: Path, target: str) -> tuple[str, list[str] | None]:
 
 def _show_at_head(root: Path, path: Path) -> str:
     """A file's text at HEAD (``path`` relative to the repository root), for clap.params.load."""
-    done = subprocess.run(
-        ["git", "show", f"HEAD:{path.as_posix()}"], cwd=root, capture_output=True, text=True
-    )
+    done = vcs.git_run(root, "show", f"HEAD:{path.as_posix()}", text=True)
     if done.returncode != 0:
         raise FileNotFoundError(f"{path} at HEAD: {done.stderr.strip()}")
     return done.stdout

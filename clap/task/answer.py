@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clap.errors import ClapError
+from clap.params import bad_param, stray_key
 
 ROLES = ("key", "evidence", "value", "unit")
 TYPES = ("vocabulary", "date", "text", "number")
@@ -119,23 +119,21 @@ class AnswerSchema:
         return f"{self.instruction} {keys}."
 
 
-def _bad(message: str, column: str) -> ClapError:
-    return ClapError(message, file=PARAMS, column=column, rule="bad_params")
-
-
 def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
     """Check the declaration (params ``task``) and build the schema.
 
     Raises:
         ClapError: naming params.yaml and the dotted key of the first problem.
     """
-    if not isinstance(raw, dict) or set(raw) != {"instruction", "answer", "slice_columns", "show_doc_ids"}:
-        raise _bad(
-            f"{where} must have exactly the keys instruction, answer, slice_columns, show_doc_ids", where
+    top = ("instruction", "answer", "slice_columns", "show_doc_ids")
+    if not isinstance(raw, dict) or set(raw) != set(top):
+        raise bad_param(
+            stray_key(where, raw, top),
+            f"{where} must have exactly the keys instruction, answer, slice_columns, show_doc_ids",
         )
     answer = raw["answer"]
     if not isinstance(answer, dict) or not answer:
-        raise _bad(f"{where}.answer must map field names to their declarations", f"{where}.answer")
+        raise bad_param(f"{where}.answer", f"{where}.answer must map field names to their declarations")
     fields = []
     for name, decl in answer.items():
         at = f"{where}.answer.{name}"
@@ -144,22 +142,27 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
             or not {"role", "weight"} <= set(decl)
             or set(decl) - {"role", "type", "weight", "note", "of"}
         ):
-            raise _bad(f"{at} must be a mapping with role and weight (and type, note, of)", at)
+            raise bad_param(
+                stray_key(at, decl, ("role", "weight"), ("type", "note", "of")),
+                f"{at} must be a mapping with role and weight (and type, note, of)",
+            )
         role = decl["role"]
         kind = decl.get("type", {"evidence": "text", "unit": "vocabulary"}.get(role, ""))
         if role not in ROLES:
-            raise _bad(f"{at}.role {role!r} is not one of {list(ROLES)}", f"{at}.role")
+            raise bad_param(f"{at}.role", f"{at}.role {role!r} is not one of {list(ROLES)}")
         if kind not in TYPES:
-            raise _bad(f"{at}.type {kind!r} is not one of {list(TYPES)}", f"{at}.type")
+            raise bad_param(f"{at}.type", f"{at}.type {kind!r} is not one of {list(TYPES)}")
         if role == "value" and kind not in VALUE_TYPES:
-            raise _bad(f"{at}: a value is of type {' or '.join(VALUE_TYPES)} (type {kind!r})", f"{at}.type")
+            raise bad_param(
+                f"{at}.type", f"{at}: a value is of type {' or '.join(VALUE_TYPES)} (type {kind!r})"
+            )
         if role != "value" and kind == "number":
-            raise _bad(
-                f"{at}: a {role} field is compared as a label: type vocabulary, date or text", f"{at}.type"
+            raise bad_param(
+                f"{at}.type", f"{at}: a {role} field is compared as a label: type vocabulary, date or text"
             )
         weight = decl["weight"]
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise _bad(f"{at}.weight must be a number >= 0", f"{at}.weight")
+            raise bad_param(f"{at}.weight", f"{at}.weight must be a number >= 0")
         fields.append(
             AnswerField(
                 str(name), role, kind, float(weight), str(decl.get("note", "")), str(decl.get("of", ""))
@@ -167,30 +170,30 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
         )
     counts = {r: sum(f.role == r for f in fields) for r in ROLES}
     if counts["value"] != 1 or counts["evidence"] != 1 or counts["unit"] > 1:
-        raise _bad(
-            f"{where}.answer needs exactly one value and one evidence field and at most one unit",
+        raise bad_param(
             f"{where}.answer",
+            f"{where}.answer needs exactly one value and one evidence field and at most one unit",
         )
     for f in fields:  # items, scored rows and reports name these two by their role
         if f.role in ("value", "evidence") and f.name != f.role:
-            raise _bad(
-                f"{where}.answer: the {f.role} field must be named {f.role!r}, not {f.name!r}",
+            raise bad_param(
                 f"{where}.answer.{f.name}",
+                f"{where}.answer: the {f.role} field must be named {f.role!r}, not {f.name!r}",
             )
     keys = {f.name for f in fields if f.role == "key"}
     for f in fields:
         if f.of and (f.role != "unit" or f.of not in keys):
-            raise _bad(
-                f"{where}.answer.{f.name}.of must name a key field (and only a unit has one)",
+            raise bad_param(
                 f"{where}.answer.{f.name}.of",
+                f"{where}.answer.{f.name}.of must name a key field (and only a unit has one)",
             )
     if sum(f.weight for f in fields) <= 0:
-        raise _bad(f"{where}.answer: the weights must have a positive sum", f"{where}.answer")
+        raise bad_param(f"{where}.answer", f"{where}.answer: the weights must have a positive sum")
     extra = raw["slice_columns"]
     if not isinstance(extra, list) or not all(isinstance(c, str) for c in extra):
-        raise _bad(f"{where}.slice_columns must be a list of item columns", f"{where}.slice_columns")
+        raise bad_param(f"{where}.slice_columns", f"{where}.slice_columns must be a list of item columns")
     if not isinstance(raw["show_doc_ids"], bool):
-        raise _bad(f"{where}.show_doc_ids must be true or false", f"{where}.show_doc_ids")
+        raise bad_param(f"{where}.show_doc_ids", f"{where}.show_doc_ids must be true or false")
     return AnswerSchema(str(raw["instruction"]).strip(), tuple(fields), tuple(extra), raw["show_doc_ids"])
 
 

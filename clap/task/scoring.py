@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clap.errors import ClapError
+from clap.params import bad_param, check_keys, raw_section, stray_key
 from clap.task.answer import PARAMS, AnswerSchema, load_answer_schema
 
 
@@ -37,24 +37,25 @@ class ScoringParams:
     answer: AnswerSchema
 
     def __post_init__(self) -> None:
-        if min(self.value_rel_tol, self.value_abs_tol) < 0:
-            raise ClapError(
-                "scoring tolerances must be >= 0", file="params.yaml", column="scoring", rule="bad_params"
-            )
+        check_keys(
+            {
+                "scoring.value_rel_tol": self.value_rel_tol >= 0,
+                "scoring.value_abs_tol": self.value_abs_tol >= 0,
+            },
+            "scoring tolerances must be >= 0",
+        )
 
 
 def scoring_params(path: Path | str = PARAMS) -> ScoringParams:
     """Params ``scoring`` with the answer schema of params ``task``."""
-    from clap.params import raw_section
-
     raw = raw_section("scoring", path)
-    if not isinstance(raw, dict) or set(raw) != {"value_rel_tol", "value_abs_tol"}:
-        raise ClapError(
+    tolerances = ("value_rel_tol", "value_abs_tol")
+    if not isinstance(raw, dict) or set(raw) != set(tolerances):
+        raise bad_param(
+            stray_key("scoring", raw, tolerances),
             "scoring must have exactly value_rel_tol and value_abs_tol (the field weights are "
             "params task.answer.<field>.weight)",
-            file=path,
-            column="scoring",
-            rule="bad_params",
+            path,
         )
     return ScoringParams(raw["value_rel_tol"], raw["value_abs_tol"], load_answer_schema(path))
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from clap import params
 from clap.errors import ClapError
+from clap.params import bad_param, check_keys
 
 POLICIES = ("refuse", "hold")
 OVER_BUDGET = "over_budget"  # training health of a batch held over its budget (params gate.health)
@@ -57,19 +58,16 @@ class BudgetParams:
     estimate_batches: int
 
     def __post_init__(self) -> None:
-        if (
-            self.over_budget not in POLICIES
-            or not min(self.budget_cpu_hours, self.budget_gpu_hours) > 0
-            or isinstance(self.estimate_batches, bool)
-            or not isinstance(self.estimate_batches, int)
-            or self.estimate_batches < 1
-        ):
-            raise ClapError(
-                f"release.cost: over_budget one of {POLICIES}, budgets > 0 and estimate_batches an integer >= 1",
-                file="params.yaml",
-                column="release.cost",
-                rule="bad_params",
-            )
+        n = self.estimate_batches
+        check_keys(
+            {
+                "release.cost.over_budget": self.over_budget in POLICIES,
+                "release.cost.budget_cpu_hours": self.budget_cpu_hours > 0,
+                "release.cost.budget_gpu_hours": self.budget_gpu_hours > 0,
+                "release.cost.estimate_batches": isinstance(n, int) and not isinstance(n, bool) and n >= 1,
+            },
+            f"release.cost: over_budget one of {POLICIES}, budgets > 0 and estimate_batches an integer >= 1",
+        )
 
 
 def budget_params(path: Path | str = params.DEFAULT_PATH) -> BudgetParams:
@@ -167,7 +165,10 @@ def timed_passes(model, batches: Sequence[dict[str, Any]], device: str) -> tuple
     import torch
 
     if len(batches) < 2:
-        raise ClapError("the throughput measurement needs a warm-up batch and a timed one", rule="bad_params")
+        raise bad_param(
+            "release.cost.estimate_batches",
+            "the throughput measurement needs a warm-up batch and a timed one",
+        )
     cpu_rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     was_training = model.training

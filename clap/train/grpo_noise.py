@@ -34,7 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from clap.errors import ClapError
+from clap.params import check_keys
 from clap.train.grpo_policy import GrpoThresholds
 
 
@@ -72,13 +72,14 @@ def collapse_steps(planned_steps: int, share: float) -> tuple[int, ...]:
 
 def reward_tests(t: GrpoThresholds, planned_steps: int, group_size: int) -> RewardTests:
     """The design of the reward rules for a probe of ``planned_steps`` steps of ``group_size`` completions."""
-    if not 0.0 < t.reward_false_hold < 1.0 or group_size < 2 or planned_steps < 1:
-        raise ClapError(
-            "grpo: thresholds.reward_false_hold must be in (0, 1), a step needs >= 2 completions and >= 1 step",
-            file="params.yaml",
-            column="grpo.thresholds.reward_false_hold",
-            rule="bad_params",
-        )
+    check_keys(  # a step's completions: grpo.prompts_per_step x grpo.num_generations (itself >= 2)
+        {
+            "grpo.thresholds.reward_false_hold": 0.0 < t.reward_false_hold < 1.0,
+            "grpo.prompts_per_step": group_size >= 2,
+            "grpo.max_steps": planned_steps >= 1,
+        },
+        "grpo: thresholds.reward_false_hold must be in (0, 1), a step needs >= 2 completions and >= 1 step",
+    )
     plateau_on = 2 <= t.plateau_window <= planned_steps
     share = t.reward_false_hold / (2 if plateau_on else 1)
     c_steps = collapse_steps(planned_steps, share)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clap.errors import ClapError
+from clap.params import check_keys
 
 STATIC_KEYS = ("rank_pass_rate", "reward_margin", "reward_variance_min")
 CURVE_COLUMNS = (
@@ -68,20 +69,17 @@ class GrpoParams:
         ok_enabled = isinstance(self.enabled, bool) or (
             isinstance(self.enabled, list) and all(isinstance(b, str) for b in self.enabled)
         )
-        if (
-            not ok_enabled
-            or self.start_from not in ("base", "sft")
-            or self.beta <= 0
-            or self.num_generations < 2
-            or self.rollouts not in ("clap", "trl")
-        ):
-            raise ClapError(
-                "grpo: enabled must be true, false or a list of batch names; start_from base|sft; beta > 0 "
-                "(else TRL logs no KL); num_generations >= 2; rollouts clap|trl",
-                file="params.yaml",
-                column="grpo",
-                rule="bad_params",
-            )
+        check_keys(
+            {
+                "grpo.enabled": ok_enabled,
+                "grpo.start_from": self.start_from in ("base", "sft"),
+                "grpo.beta": self.beta > 0,
+                "grpo.num_generations": self.num_generations >= 2,
+                "grpo.rollouts": self.rollouts in ("clap", "trl"),
+            },
+            "grpo: enabled must be true, false or a list of batch names; start_from base|sft; beta > 0 "
+            "(else TRL logs no KL); num_generations >= 2; rollouts clap|trl",
+        )
 
 
 def probe_enabled(p: GrpoParams, batch: str) -> bool:

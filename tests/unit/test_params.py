@@ -201,3 +201,49 @@ def test_key_origins_list_each_file_only_keys_it_holds(tmp_path):
     assert params.key_origins(layers, ["s.inner.k"]) == [(p, ["s.inner.k"])]
     with pytest.raises(ClapError, match="nope"):
         params.key_origins(layers, ["nope"])
+
+
+def test_bad_param_names_the_dotted_key_and_the_file():
+    e = params.bad_param("gate.power", "gate: 0 < power < 1")
+    assert (e.rule, e.column, e.file) == ("bad_params", "gate.power", "params.yaml")
+    assert str(e) == "[file params.yaml, column 'gate.power', rule bad_params] gate: 0 < power < 1"
+    assert params.bad_param("batches", "empty", "profiles/x/params.yaml").file == "profiles/x/params.yaml"
+
+
+def test_check_keys_names_the_first_key_that_fails():
+    params.check_keys({"s.a": True, "s.b": True}, "fine")  # nothing to raise
+    with pytest.raises(ClapError) as e:
+        params.check_keys({"s.a": True, "s.b": False, "s.c": False}, "s: a, b and c > 0", "p.yaml")
+    assert (e.value.rule, e.value.column, e.value.file, e.value.args[0]) == (
+        "bad_params",
+        "s.b",
+        "p.yaml",
+        "s: a, b and c > 0",
+    )
+
+
+@pytest.mark.parametrize(
+    "raw, column",
+    [
+        ({"a": 1, "b": 2, "typo": 3}, "s.typo"),  # an unknown key first
+        ({"a": 1, "typo": 3}, "s.typo"),
+        ({"a": 1}, "s.b"),  # else the missing one
+        ({"a": 1, "b": 2, "note": "x"}, "s"),  # an optional key is no stray
+        ([1, 2], "s"),  # not a mapping: the key itself
+    ],
+)
+def test_stray_key_names_the_unknown_or_missing_key(raw, column):
+    assert params.stray_key("s", raw, ("a", "b"), ("note",)) == column
+
+
+def test_params_imports_nothing_heavy():
+    """Every stage imports clap.params: it must stay a light import (no numpy, pandas, torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, clap.params; "
+        "print(sorted(m for m in ('numpy', 'pandas', 'torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

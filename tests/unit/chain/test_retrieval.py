@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -233,16 +235,23 @@ def test_empty_and_bad_kb():
 def test_params_section_is_valid_and_bad_values_refused():
     p = params.section("chain", ChainParams)
     assert p.top_k >= 1 and p.retrieval.entity_weight >= 1
-    with pytest.raises(ClapError, match="stopwords"):
+    with pytest.raises(ClapError, match="stopwords") as e:
         RetrievalParams(k1=1.5, b=0.75, entity_weight=1, stopwords="klingon", concepts={}, entities={})
-    with pytest.raises(ClapError):
+    assert (e.value.rule, e.value.column) == ("bad_params", "chain.retrieval.stopwords")
+    with pytest.raises(ClapError) as e:
         RetrievalParams(k1=1.5, b=1.5, entity_weight=1, stopwords="en", concepts={}, entities={})
-    for bad in (
-        {"kind": "colour"},
-        {"kind": "code", "letter": "ln", "prefixes": []},
-        {"kind": "date", "anchor": "x"},
+    assert (e.value.rule, e.value.column) == ("bad_params", "chain.retrieval.b")
+    for bad, key in (
+        ({"kind": "colour"}, "kind"),
+        ({"kind": "code", "letter": "ln", "prefixes": []}, "letter"),
+        ({"kind": "code", "letter": "L"}, "prefixes"),  # missing
+        ({"kind": "date", "anchor": "x"}, "anchor"),  # not a key of a date
     ):
-        with pytest.raises(ClapError, match="entities.line"):
+        with pytest.raises(ClapError, match="entities.line") as e:
             RetrievalParams(
                 k1=1.5, b=0.75, entity_weight=1, stopwords="en", concepts={}, entities={"line": bad}
             )
+        assert (e.value.rule, e.value.column) == ("bad_params", f"chain.retrieval.entities.line.{key}")
+    with pytest.raises(ClapError) as e:
+        dataclasses.replace(p, max_new_tokens=0)
+    assert (e.value.rule, e.value.column) == ("bad_params", "chain.max_new_tokens")

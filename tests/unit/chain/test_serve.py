@@ -185,5 +185,9 @@ def test_nothing_released_refuses_or_serves_base(repo, tmp_path):
 
 
 def test_params_refuse_nonsense():
-    with pytest.raises(ClapError, match="unreleased"):
+    with pytest.raises(ClapError, match="unreleased") as e:
         ServeParams(host="127.0.0.1", port=8000, unreleased="maybe", max_question_chars=10)
+    assert (e.value.rule, e.value.column) == ("bad_params", "serve.unreleased")
+    with pytest.raises(ClapError) as e:
+        ServeParams(host="127.0.0.1", port=70000, unreleased="base", max_question_chars=10)
+    assert e.value.column == "serve.port"

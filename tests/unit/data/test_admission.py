@@ -302,7 +302,7 @@ def test_balance_on_a_field_that_is_no_key_is_a_params_error(where):
     p = dataclasses.replace(params.build(AdmitParams, raw, where="admit"), min_sizes=P.min_sizes)
     with pytest.raises(ClapError) as e:
         admit(p=p)
-    assert e.value.rule == "bad_params" and e.value.column == f"admit.{where}"
+    assert e.value.rule == "bad_params" and e.value.column == f"admit.{where}.colour"
     assert "colour" in str(e.value) and f"admit.{where}" in str(e.value)
 
 
@@ -391,7 +391,7 @@ def test_a_second_declared_answer_checks_balance_on_its_own_keys():
     assert {"max_row_share", "distinct_rows", "row_coverage"} <= failed(res)
     with pytest.raises(ClapError) as e:
         admit(pools, p=P, schema=REPORT)  # the demo's balance keys are no keys of the report's answer
-    assert e.value.rule == "bad_params" and e.value.column == "admit.max_key_share"
+    assert e.value.rule == "bad_params" and e.value.column == "admit.max_key_share.metric"
 
 
 # --------------------------------------------------------------------------- canary and the corrupted batch

@@ -156,7 +156,12 @@ def test_unknown_encoding_in_params(tmp_path):
     sources = {**DECLARED["sources"], "mes": {**DECLARED["sources"]["mes"], "encodings": ["utf-9"]}}
     with pytest.raises(ClapError) as e:
         A.assetize_batch(make_batch(tmp_path), A.AssetizeParams(**{**DECLARED, "sources": sources}), ANSWER)
-    assert e.value.rule == "bad_params"
+    assert (e.value.rule, e.value.column) == ("bad_params", "assetize.sources.mes.encodings")
+    with pytest.raises(ClapError) as e:
+        A.assetize_batch(
+            make_batch(tmp_path / "b"), A.AssetizeParams(**{**DECLARED, "max_bad_line_share": 2}), ANSWER
+        )
+    assert (e.value.rule, e.value.column) == ("bad_params", "assetize.max_bad_line_share")
 
 
 def test_json_line_that_is_not_an_object(tmp_path):

@@ -127,11 +127,13 @@ def test_plan_runs_each_fault_per_seed_then_the_clean_seeds():
         dict(dirty_fraction=0.0),
         dict(nan_at_step=0),
         dict(clean_seeds=[]),
+        dict(fault_seeds=[]),
     ],
 )
 def test_bad_calibrate_params_are_refused(bad):
-    with pytest.raises(ClapError):
+    with pytest.raises(ClapError) as e:
         _cp(**bad)
+    assert (e.value.rule, e.value.column) == ("bad_params", f"calibrate.{next(iter(bad))}")
 
 
 def test_each_training_fault_sets_its_knob_and_the_run_gets_its_own_seed_and_checkpoints(tmp_path):

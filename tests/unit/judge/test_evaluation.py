@@ -197,3 +197,27 @@ def test_empty_eval_set_needs_no_model(tmp_path):
         "incumbent_batch": "",
     }
     assert json.dumps(flat_metrics(scored, timings, [], ANSWER))  # flat and serializable
+
+
+@pytest.mark.parametrize(
+    "change, column",
+    [
+        ({"batch_size": 0}, "eval.batch_size"),
+        ({"max_new_tokens": 0}, "chain.max_new_tokens"),  # eval decodes within the chain's answer budget
+        ({"free_diagnostic_items": -1}, "eval.free_diagnostic_items"),
+        ({"answer_metric": "bleu"}, "eval.answer_metric"),
+        ({"decoding": "greedy"}, "chain.decoding"),
+    ],
+)
+def test_a_bad_eval_value_names_its_dotted_key(change, column):
+    good = {
+        "batch_size": 2,
+        "max_new_tokens": 4,
+        "decoding": "free",
+        "free_diagnostic_items": 0,
+        "answer_metric": "none",
+        "engine": EngineParams("torch", "f32"),
+    }
+    with pytest.raises(ClapError) as e:
+        EvalParams(**{**good, **change})
+    assert (e.value.rule, e.value.column) == ("bad_params", column)

@@ -530,8 +530,9 @@ def test_slice_policy_caps_at_its_param_and_needs_the_holm_level():
     scored.loc[(scored["position"] < 8) & ~few & (scored["model"] == "candidate"), "pass"] = True
     r = run_gate(scored, meta, OK_TRAIN, ADMITTED, P, replay=_chain(), slices=ANSWER.slices)
     assert r.decision == "promote" and r.numbers["slices_regressed"] == 0
-    with pytest.raises(ClapError, match="slices"):
+    with pytest.raises(ClapError, match="slices") as e:
         SlicePolicy(alpha=0.05, regression="maybe")
+    assert (e.value.rule, e.value.column) == ("bad_params", "gate.slices.regression")
 
 
 def test_rule_power_figures_are_reported():
@@ -546,8 +547,37 @@ def test_rule_power_figures_are_reported():
     assert "approximate" in md and f"{n['rule_power_at_delta_star']:.2f} at N=300" in md
     low = gate({"base": base, "candidate": vectors(300, wins=5, losses=5, base_right=100)[0]})
     assert low.numbers["rule_power_at_delta_star_observed"] == -1.0  # discordance 1/30 < delta*
-    with pytest.raises(ClapError, match="planning_delta"):
-        dataclasses.replace(P, planning_delta=0.05)
+    with pytest.raises(ClapError, match="planning_delta") as e:
+        dataclasses.replace(P, planning_delta=0.05)  # below delta_star
+    assert e.value.column == "gate.planning_delta"
+
+
+@pytest.mark.parametrize(
+    "change, column",
+    [
+        ({"power": 1.5}, "gate.power"),
+        ({"alpha": 0.0}, "gate.alpha"),
+        ({"baseline": "yesterday"}, "gate.baseline"),
+        ({"near_bound": 0.0}, "gate.near_bound"),
+        ({"health": {**HEALTH, "nan": "maybe"}}, "gate.health.nan"),
+        ({"unmasked": "maybe"}, "gate.unmasked"),
+        ({"planning_discordance": 1.5}, "gate.planning_discordance"),
+    ],
+)
+def test_a_bad_gate_value_names_its_dotted_key(change, column):
+    with pytest.raises(ClapError) as e:
+        dataclasses.replace(P, **change)
+    assert (e.value.rule, e.value.column, e.value.file) == ("bad_params", column, "params.yaml")
+    assert f"column {column!r}" in str(e.value)
+
+
+def test_a_bad_gate_chain_value_names_its_dotted_key():
+    with pytest.raises(ClapError) as e:
+        dataclasses.replace(P.chain, min_value_accuracy=1.5)
+    assert (e.value.rule, e.value.column) == ("bad_params", "gate.chain.min_value_accuracy")
+    with pytest.raises(ClapError) as e:
+        dataclasses.replace(P.chain, latency_soft_budget_ms=-1.0)
+    assert e.value.column == "gate.chain.latency_soft_budget_ms"
 
 
 def test_latency_is_gated_per_request_from_the_replay_and_a_missing_figure_is_loud():

@@ -155,8 +155,9 @@ def test_too_small_a_replay_for_the_latency_sample_is_loud():
     with pytest.raises(ClapError, match="replay.latency") as e:
         latency_sample(4, LatencyParams(requests=4, warmup=1, seed=3))
     assert e.value.rule == "too_few_cases"
-    with pytest.raises(ClapError, match="replay.latency"):
+    with pytest.raises(ClapError, match="replay.latency") as e:
         LatencyParams(requests=0, warmup=1, seed=3)
+    assert (e.value.rule, e.value.column) == ("bad_params", "replay.latency.requests")
 
 
 def test_a_rag_condition_without_its_request_timings_is_loud(replayed):

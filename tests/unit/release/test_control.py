@@ -45,6 +45,26 @@ def repo(tmp_path_factory, tmp_path, monkeypatch):
     return copy_template(template_base(tmp_path_factory), tmp_path, monkeypatch)
 
 
+def test_a_bad_release_param_names_its_dotted_key(tmp_path):
+    from clap.release.registry import release_params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    raw["release"]["approvals_required"] = 0
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ClapError) as e:
+        R.load_params(tmp_path)
+    assert (e.value.rule, e.value.column) == ("bad_params", "release.approvals_required")
+    raw["release"]["max_approval_ttl_s"] = "a day"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ClapError) as e:
+        release_params(tmp_path / "params.yaml")
+    assert (e.value.rule, e.value.column, e.value.file) == (
+        "bad_params",
+        "release.max_approval_ttl_s",
+        tmp_path / "params.yaml",
+    )
+
+
 def adapter_sha(repo, batch):
     return io.sha256_file(repo / "models" / "adapters" / batch / "adapter_model.safetensors")
 

@@ -113,11 +113,11 @@ BAD = [
     (_with(("answer", "line", "of"), "metric"), "task.answer.line.of"),  # only a unit has one
     (_with(("answer", "line"), {"role": "value", "type": "number", "weight": 1}), "task.answer"),  # one value
     (_with(("answer", "evidence"), None), "task.answer"),  # exactly one evidence field
-    (_with(("answer", "line", "weight"), None), "task.answer.line"),  # role and weight are required
-    (_with(("answer", "line", "colour"), 1), "task.answer.line"),  # no other keys
+    (_with(("answer", "line", "weight"), None), "task.answer.line.weight"),  # role and weight are required
+    (_with(("answer", "line", "colour"), 1), "task.answer.line.colour"),  # no other keys
     (_with(("answer",), {}), "task.answer"),
     (_with(("slice_columns",), "source_system"), "task.slice_columns"),
-    (_with(("instruction",), None), "task"),
+    (_with(("instruction",), None), "task.instruction"),
     (_with(("show_doc_ids",), "yes"), "task.show_doc_ids"),
 ]
 

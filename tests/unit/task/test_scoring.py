@@ -168,9 +168,10 @@ def test_numbers_in_handles_decimal_commas(text, expected):
 def test_bad_tolerances_are_refused():
     with pytest.raises(ClapError) as e:
         ScoringParams(-0.1, 0.0, ANSWER)
-    assert (e.value.rule, e.value.column) == ("bad_params", "scoring")
-    with pytest.raises(ClapError):
+    assert (e.value.rule, e.value.column) == ("bad_params", "scoring.value_rel_tol")
+    with pytest.raises(ClapError) as e:
         ScoringParams(0.0, -0.01, ANSWER)
+    assert (e.value.rule, e.value.column) == ("bad_params", "scoring.value_abs_tol")
     # zero or negative weights are refused where they are declared: tests/unit/task/test_answer.py
 
 
@@ -183,7 +184,7 @@ def test_scoring_params_read_the_tolerances_and_the_declared_answer(tmp_path):
     )
     with pytest.raises(ClapError) as e:  # the weights live in task.answer, not in scoring
         scoring_params(tmp_path / "params.yaml")
-    assert (e.value.rule, e.value.column) == ("bad_params", "scoring")
+    assert (e.value.rule, e.value.column) == ("bad_params", "scoring.weights")
 
 
 OTHER = parse_answer_schema({**REPORT_ANSWER, "slice_columns": []})  # keys row/period, a scale unit

@@ -74,8 +74,9 @@ def test_budget_params_come_from_release_cost_and_are_checked(tmp_path):
         cost["estimate_batches"],
     )
     for bad in ({"over_budget": "ignore"}, {"budget_cpu_hours": 0.0}, {"estimate_batches": 0}):
-        with pytest.raises(ClapError, match="release.cost"):
+        with pytest.raises(ClapError, match="release.cost") as e:
             dataclasses.replace(BP, **bad)
+        assert (e.value.rule, e.value.column) == ("bad_params", f"release.cost.{next(iter(bad))}")
     (tmp_path / "params.yaml").write_text("release:\n  cost: {over_budget: refuse}\n")
     with pytest.raises(ClapError, match="estimate_batches"):
         budget.budget_params(tmp_path / "params.yaml")
