@@ -557,11 +557,12 @@ TEXT_ANSWER = {
 }
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Work units for ``pytest -n 2 --dist loadgroup`` (make test): each test file is one unit, so a module's
     fixtures are built once; every test that needs the session's tiny ``dvc repro`` (``tiny_run``/``tiny_repo``)
-    joins one unit, so that run is made once, not once per worker. Without xdist the marks are inert."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            shared = {"tiny_run", "tiny_repo"} & set(getattr(item, "fixturenames", ()))
-            item.add_marker(pytest.mark.xdist_group("tiny_run" if shared else item.nodeid.split("::")[0]))
+    joins one unit, so that run is made once, not once per worker. Without xdist the marks are inert. Marked as
+    each item is collected, before xdist's worker reads the marks into the test ids (tests/test_layout.py
+    checks that a file's tests run on one worker)."""
+    if item.get_closest_marker("xdist_group") is None:
+        shared = {"tiny_run", "tiny_repo"} & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("tiny_run" if shared else item.nodeid.split("::")[0]))

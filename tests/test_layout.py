@@ -193,3 +193,27 @@ def test_detector_plots_draw_every_configured_batch():
     for plot_id, columns in DETECTOR_PLOTS.items():
         assert plots[plot_id]["x"] == "step"
         assert plots[plot_id]["y"] == {f: columns for f in sorted(want)}, plot_id
+
+
+def test_make_tests_work_units_keep_a_file_on_one_worker(tmp_path):
+    """`make test` runs `pytest -n 2 --dist loadgroup` with each file one work unit (tests/conftest.py), so a
+    module's fixtures and the session's tiny `dvc repro` are built once. pytest 9 with pytest-xdist 3.8 drops
+    the group marks silently and spreads a file over both workers: this runs the real conftest's grouping on
+    a two-file suite and fails if any file's tests ran on two workers."""
+    import shutil
+    import sys
+
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n\n\n" for i in range(8)))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-vv", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    workers: dict[str, set[str]] = {}
+    for worker, file in re.findall(r"^\[(gw\d)\].*?(test_[ab]\.py)::", done.stdout, re.M):
+        workers.setdefault(file, set()).add(worker)
+    assert set(workers) == {"test_a.py", "test_b.py"}, done.stdout[-2000:]
+    assert all(len(w) == 1 for w in workers.values()), workers

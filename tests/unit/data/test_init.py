@@ -10,10 +10,13 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
+import json
 import os
 import re
 import shutil
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -59,11 +62,15 @@ def _draft(
 def _assetize_draft(batch: Path, tmp_path: Path, monkeypatch) -> tuple[dict, A.Assetized]:
     """stages/assetize.py run in the profile's folder on the draft as written (its params.yaml merged
     onto what it extends; assets schema-checked, rows conserved), and the library call it makes."""
-    from stages.assetize import run
-
     profile = tmp_path / "profiles" / "mine"
+    out = profile / "metrics" / "assetize" / "b.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "assetize.py"), str(batch), str(profile / "data" / "assets" / "b"), str(out)],
+        cwd=profile, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    metrics = json.loads(out.read_text())
     monkeypatch.chdir(profile)
-    metrics = run(batch, profile / "data" / "assets" / "b", profile / "metrics" / "assetize" / "b.json")
     p = clap_params.section("assetize", A.AssetizeParams)
     return metrics, A.assetize_batch(batch, p, load_answer_schema())
 
