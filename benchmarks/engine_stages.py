@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -55,7 +56,12 @@ def run_stage(project: Path, stage: str, batch: str) -> tuple[float, dict, dict[
         "${item}", batch
     )
     start = time.perf_counter()
-    subprocess.run(shlex.split(cmd), cwd=project, check=True, capture_output=True)
+    # the project's own environment (its editable install is its own clap), else this interpreter's
+    bin_dir = (
+        project / ".venv" / "bin" if (project / ".venv" / "bin").is_dir() else Path(sys.executable).parent
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(shlex.split(cmd), cwd=project, env=env, check=True, capture_output=True)
     wall = time.perf_counter() - start
     metrics = json.loads((project / f"metrics/{stage}/{batch}.json").read_text())
     return (
