@@ -28,10 +28,10 @@ def header(command: list[str] | str) -> dict[str, str]:
     import datetime
     import shlex
 
-    from clap.vcs import commit_or_unknown
+    from clap.vcs import commit_or_unknown, git_run
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True)
+    dirty = git_run(root, "status", "--porcelain", "-uno", text=True)
     return {  # "+dirty": tracked files differed from the commit (the change being measured, before it is committed)
         "commit": commit_or_unknown(root)[:7] + ("+dirty" if dirty.stdout.strip() else ""),
         "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
