@@ -17,10 +17,11 @@ B - D measure *RAG necessity*; B - A the *adapter's contribution* inside the cha
 (core fields, answer-evidence match: the quote is verbatim in the retrieved context and
 carries the value). A batch without a trained adapter runs A and C only.
 
-Latency as a user of ``clap serve`` meets it: with each rag model loaded (A, then B), a fixed,
-seeded sample of the cases (params ``replay.latency``) is answered one request at a time
+Latency as a user of ``clap serve`` meets it: with both rag models loaded, a fixed, seeded
+sample of the cases (params ``replay.latency``) is answered one request at a time
 (``Chain.answer([q], rag=True, batch_size=1)``, as serving does) after a few uncounted warm-up
-requests; each request's wall clock (retrieval + prompt + generation + parse) is its latency.
+requests, each case by A and B in turn (the order alternating, so load that drifts falls on both
+alike); each request's wall clock (retrieval + prompt + generation + parse) is its latency.
 ``A_/B_request_p50_ms`` and ``_p95_ms`` and the adapter's cost (B request p95 - A request p95)
 are what the gate reads; the batched conditions' apportioned latency and throughput (items/s)
 are reported only, as diagnostics.
@@ -135,36 +136,45 @@ def latency_sample(n_cases: int, p: LatencyParams) -> tuple[list[int], list[int]
     return order[: p.requests], order[p.requests : p.requests + p.warmup]
 
 
-def time_requests(cond: str, chain: Chain, items: pd.DataFrame, p: LatencyParams) -> pd.DataFrame:
-    """Per-request latency of one RAG condition: the sample answered one request at a time, as
-    ``clap serve`` answers, after the uncounted warm-up requests (wall clock of the whole chain)."""
+def time_requests(chains: Mapping[str, Chain], items: pd.DataFrame, p: LatencyParams) -> pd.DataFrame:
+    """Per-request latency of the RAG conditions (``chains``: condition -> its loaded chain), one request
+    at a time as ``clap serve`` answers, after the uncounted warm-up requests (wall clock of the whole chain).
+
+    Interleaved: each sampled case goes to every condition in turn, the order alternating (A B, then
+    B A, ...), so load that comes and goes while the sample runs falls on A and B alike and the
+    adapter's cost (B p95 - A p95) compares requests sent side by side, not one phase against another.
+    Rows are returned per condition in draw order."""
     measured, warmup = latency_sample(len(items), p)
     questions, ids = list(items["question"]), list(items["item_id"])
-    bar = Progress(len(warmup) + len(measured), f"replay {cond} latency", "request", leave=False)
+    conds = sorted(chains)
+    bar = Progress(len(conds) * (len(warmup) + len(measured)), "replay latency", "request", leave=False)
     for i in warmup:
-        chain.answer([questions[i]], rag=True, batch_size=1)
-        bar.update()
+        for cond in conds:
+            chains[cond].answer([questions[i]], rag=True, batch_size=1)
+            bar.update()
     rows = []
     for k, i in enumerate(measured):
-        start = time.perf_counter()
-        (a,) = chain.answer([questions[i]], rag=True, batch_size=1)
-        request_ms = (time.perf_counter() - start) * 1000.0
-        bar.update()
-        g = a.generation
-        rows.append(
-            (
-                cond,
-                k,
-                ids[i],
-                a.retrieved.retrieval_ms,
-                g.batch_wall_ms,
-                request_ms,
-                g.new_tokens,
-                g.batch_size,
+        for cond in conds if k % 2 == 0 else conds[::-1]:
+            start = time.perf_counter()
+            (a,) = chains[cond].answer([questions[i]], rag=True, batch_size=1)
+            request_ms = (time.perf_counter() - start) * 1000.0
+            bar.update()
+            g = a.generation
+            rows.append(
+                (
+                    cond,
+                    k,
+                    ids[i],
+                    a.retrieved.retrieval_ms,
+                    g.batch_wall_ms,
+                    request_ms,
+                    g.new_tokens,
+                    g.batch_size,
+                )
             )
-        )
     bar.close()
-    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    frame = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return frame.sort_values(["condition", "request"], kind="stable", ignore_index=True)
 
 
 def run_conditions(
@@ -179,8 +189,9 @@ def run_conditions(
 ) -> tuple[dict[str, list[ChainAnswer]], pd.DataFrame]:
     """Answer every case under A and C (base) and, with an adapter, B and D; one index for all.
 
-    Returns the answers per condition and the per-request timings of A (and B), measured while
-    the condition's model is loaded (:func:`time_requests`)."""
+    Returns the answers per condition and the per-request timings of A (and B), measured with both
+    models loaded, their requests interleaved (:func:`time_requests`): the two models are in memory
+    together while B's conditions run."""
     if items.empty:
         return {}, pd.DataFrame(columns=REQUEST_COLUMNS)
     latency_sample(len(items), lp)  # too few cases for the sample: loud before any model loads
@@ -188,16 +199,15 @@ def run_conditions(
     questions = list(items["question"])
     models = {"base": None} if adapter_dir is None else {"base": None, "adapter": adapter_dir}
     out: dict[str, list[ChainAnswer]] = {}
-    requests = []
+    rag_chains: dict[str, Chain] = {}
     for model, adapter in models.items():
         chain = load_chain(base_dir, adapter, index, cp, space)
         for cond, (m, rag) in CONDITIONS.items():
             if m == model:
                 out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size, desc=f"replay {cond}")
                 if rag:
-                    requests.append(time_requests(cond, chain, items, lp))
-        del chain  # free the weights before the next model loads
-    return dict(sorted(out.items())), pd.concat(requests, ignore_index=True)
+                    rag_chains[cond] = chain
+    return dict(sorted(out.items())), time_requests(rag_chains, items, lp)
 
 
 def case_rows(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -23,6 +24,7 @@ from clap.judge.replay import (
     replay_metrics,
     run_conditions,
     score_conditions,
+    time_requests,
 )
 from clap.model.engine import EngineParams
 from clap.task.answer import load_answer_schema
@@ -149,6 +151,35 @@ def test_requests_are_single_seeded_and_apart_from_the_warmup(replayed):
     assert len(warmup) == LP.warmup and not set(warmup) & set(measured)
     assert latency_sample(len(items), LP) == (measured, warmup)  # seeded: the same draw every run
     assert latency_sample(len(items), LatencyParams(3, 1, seed=4)) != (measured, warmup)
+
+
+class LoggedChain:
+    """A stand-in chain that logs each request (condition, question) in the order it is sent."""
+
+    def __init__(self, cond: str, log: list):
+        self.cond, self.log = cond, log
+
+    def answer(self, questions, rag, batch_size):
+        assert rag and batch_size == 1 and len(questions) == 1
+        self.log.append((self.cond, questions[0]))
+        gen = SimpleNamespace(batch_wall_ms=1.0, new_tokens=1, batch_size=1)
+        return [SimpleNamespace(retrieved=SimpleNamespace(retrieval_ms=0.0), generation=gen)]
+
+
+def test_a_and_b_requests_are_interleaved_case_by_case():
+    """Each sampled case goes to A and B back to back, the order alternating, so load that comes and goes
+    during the sample falls on both conditions (not on one phase's model only)."""
+    items = pd.DataFrame({"item_id": [f"i{k}" for k in range(6)], "question": [f"q{k}" for k in range(6)]})
+    lp = LatencyParams(requests=4, warmup=2, seed=1)
+    log: list = []
+    requests = time_requests({c: LoggedChain(c, log) for c in "BA"}, items, lp)
+    measured, warmup = latency_sample(len(items), lp)
+    q = [f"q{i}" for i in warmup + measured]
+    orders = ["AB", "AB", "AB", "BA", "AB", "BA"]  # warm-up cases, then the sample alternating
+    assert log == [(c, q[k]) for k, order in enumerate(orders) for c in order]
+    assert list(requests["condition"]) == ["A"] * 4 + ["B"] * 4  # rows per condition, in draw order
+    assert list(requests["request"]) == [0, 1, 2, 3] * 2
+    assert list(requests["item_id"]) == [f"i{i}" for i in measured] * 2
 
 
 def test_too_small_a_replay_for_the_latency_sample_is_loud():
