@@ -407,9 +407,17 @@ def load_start_adapter(model, start_dir: Path, tp: TrainParams):
     return PeftModel.from_pretrained(model, str(start_dir), is_trainable=True)
 
 
+# TRL's torch tile fallback (every device without Triton) folds each (positions x chunk) logits tile with
+# ~10 whole-tile temporaries; at its 32768-column default those are tens of MB each, which the allocator
+# maps and unmaps on every tile (page faults, as much system time as compute). 1024-column tiles stay
+# in cache: the same log-probs and gradients, a faster CPU LM head (benchmarks/lm_head.py measures both).
+CPU_LOGPROB_CHUNK = 1024
+
+
 @contextlib.contextmanager
-def compact_lm_head():
-    """Make TRL's fused LM head score only loss positions on CPU too (it does so on CUDA).
+def compact_lm_head(device_type: str = "cpu"):
+    """Make TRL's fused LM head score only loss positions on CPU too (it does so on CUDA), in
+    cache-sized tiles where TRL has no Triton kernel (:data:`CPU_LOGPROB_CHUNK`).
 
     TRL 1.16 projects every position through the 49k-token LM head unless Triton is in use
     (a Neuron recompilation concern, ``trl/trainer/utils.py`` ``compact = _use_triton(...)``).
@@ -418,16 +426,22 @@ def compact_lm_head():
     """
     import trl.trainer.utils as trl_utils
 
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None:  # a TRL without this switch: nothing to patch
-        log.warning("trl.trainer.utils._use_triton not found: the LM head scores every position")
+    patches = {"_use_triton": lambda device: True}  # only the `compact` decision reads this module's name
+    if device_type == "cpu":
+        patches["_CHUNKED_LOGPROB_CHUNK_SIZE"] = CPU_LOGPROB_CHUNK
+    missing = [name for name in patches if not hasattr(trl_utils, name)]
+    if missing:  # a TRL without these names: nothing to patch
+        log.warning("trl.trainer.utils has no %s: the LM head runs as TRL ships it", ", ".join(missing))
         yield
         return
-    trl_utils._use_triton = lambda device: True  # only the `compact` decision reads this module's name
+    originals = {name: getattr(trl_utils, name) for name in patches}
+    for name, value in patches.items():
+        setattr(trl_utils, name, value)
     try:
         yield
     finally:
-        trl_utils._use_triton = original
+        for name, value in originals.items():
+            setattr(trl_utils, name, value)
 
 
 def _lora_addmm_forward(original):
@@ -503,7 +517,7 @@ def training_forwards(model, bf16: bool = False):
     from clap.train.shared_prefix import shared_prefix_backbone
 
     with (
-        compact_lm_head(),
+        compact_lm_head(model.device.type),
         shared_prefix_backbone(model),
         disable_input_dtype_casting(model, active=bf16),
         fused_lora_update(),

@@ -336,6 +336,7 @@ def test_precision_param_picks_the_lora_dtype_and_autocast(tmp_path):
 
 
 def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
+    import trl.trainer.utils as trl_utils
     from peft import get_peft_model
     from trl.trainer.utils import add_fused_lm_head
 
@@ -348,7 +349,8 @@ def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
     results = []
     for compact in (False, True):
         model.zero_grad()
-        with tr.compact_lm_head() if compact else torch.enable_grad():
+        with tr.compact_lm_head("cpu") if compact else torch.enable_grad():
+            assert (trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE == tr.CPU_LOGPROB_CHUNK) == compact
             loss = model(input_ids=ids, labels=labels, fused_lm_head=True).loss
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
