@@ -298,6 +298,31 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _canary_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="act on the verdict: rollback through `clap rollback`'s signed path, promote by committing the analysis",
+    )
+
+
+def _canary(args: argparse.Namespace) -> int:
+    from clap.release import canary
+
+    rec = canary.run(Path.cwd(), args.apply)
+    json_path, md_path = canary.report_paths(rec["batch"])
+    print(canary.render(rec), end="")
+    print(f"written: {json_path}, {md_path}")
+    applied = rec["applied"]
+    if isinstance(applied, dict):
+        print(
+            f"rolled back {applied['from_batch']} -> {applied['to_batch'] or 'base'}; commit {applied['release_commit'][:12]}"
+        )
+    elif applied:
+        print(f"promoted: the canary serves all traffic after `clap serve` restarts; commit {applied[:12]}")
+    return 1 if rec["decision"] == "rollback" and not applied else 0
+
+
 def _controls_args(p: argparse.ArgumentParser, name: str) -> None:
     """The options `clap calibrate` and `clap certify` share (outputs under reports/<name>, metrics/<name>.json)."""
     p.add_argument(
@@ -520,6 +545,12 @@ SUBCOMMANDS: dict[
         "serve the production adapter's application chain over HTTP (POST /answer, GET /health)",
         _serve_args,
         _serve,
+    ),
+    "canary": (
+        "test the canary in production on `clap serve`'s request log: rollback when it fails more often, "
+        "promote when it is not worse by serve.canary.max_ratio (anytime-valid)",
+        _canary_args,
+        _canary,
     ),
     "certify": (
         "run the profile's controls and write its certification record (clean batches must learn, faults must be caught)",

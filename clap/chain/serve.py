@@ -13,6 +13,13 @@ With nothing released (``{"batch": null}``), params ``serve.unreleased`` decides
 (exit with a message) or ``base`` (serve the base model with the knowledge base of the
 last batch in params ``batches``; ``/health`` then says ``"serving": "base"``).
 
+A release whose decision is ``canary`` is served beside the incumbent (the release in effect before
+it, its adapter hash-checked the same way, or the base model when it is the first), on the canary's
+knowledge base: a seeded share ``serve.canary.fraction`` of the requests goes to the canary and every
+request is logged for ``clap canary`` (:mod:`clap.release.canary`). A canary whose analysis says
+``promote`` (``reports/canary/<batch>.json``, about this adapter) serves all traffic; so does any
+release when ``serve.canary.fraction`` is 0.
+
 Endpoints: ``GET /health`` (the release served: batch, adapter and base sha256, decision,
 approval id) and ``POST /answer`` ``{"question": "..."}`` (the parsed answer, ``valid``, the
 retrieved doc ids, latency). A malformed request gets a 422 with a readable ``error``.
@@ -20,8 +27,12 @@ retrieved doc ids, latency). A malformed request gets a 422 with a readable ``er
 
 # No ``from __future__ import annotations`` here: FastAPI reads the endpoint annotations at
 # runtime, and the request model is built inside create_app.
+import contextlib
 import dataclasses
+import socket
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,7 +43,10 @@ from clap.data.normalize import normalize_params
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.params import bad_param, check_keys
-from clap.release.registry import verify_pointer
+from clap.release import canary as canary_mod
+from clap.release.canary import CanaryParams, RequestLog
+from clap.release.registry import HISTORY, release_stack, verified_history, verify_pointer
+from clap.task.scoring import ScoringParams, reference_free_checks, scoring_params
 
 POINTER = Path("releases/production.json")
 BASE_DIR = Path("models/base")
@@ -49,6 +63,7 @@ class ServeParams:
     port: int
     unreleased: str
     max_question_chars: int
+    canary: CanaryParams
 
     def __post_init__(self) -> None:
         check_keys(
@@ -75,8 +90,8 @@ class Served:
     note: str
 
 
-def _check_hash(path: Path, expected: Any, what: str) -> str:
-    """sha256 of ``path``; refuses (ClapError) when it differs from the pointer's ``expected``."""
+def _check_hash(path: Path, expected: Any, what: str, source: str = "releases/production.json") -> str:
+    """sha256 of ``path``; refuses (ClapError) when it differs from ``expected``, the hash ``source`` records."""
     if not path.exists():
         raise ClapError(
             f"refusing to serve: the released {what} {path} is missing (run `dvc checkout` or `dvc pull`)",
@@ -86,7 +101,7 @@ def _check_hash(path: Path, expected: Any, what: str) -> str:
     actual = io.sha256_file(path)
     if actual != expected:
         raise ClapError(
-            f"refusing to serve: {path} has sha256 {actual}, but releases/production.json says {expected} "
+            f"refusing to serve: the {what} {path} has sha256 {actual}, but {source} says {expected} "
             f"(the file was changed after release; restore it with `dvc checkout`)",
             file=path,
             rule="adapter_hash_mismatch",
@@ -170,15 +185,101 @@ def _unreleased(root: Path, p: ServeParams, base: str) -> Served:
     )
 
 
-def load_service(root: Path | str, p: ServeParams, cp: ChainParams) -> tuple[Chain, Served]:
+@dataclasses.dataclass(frozen=True)
+class CanaryRoute:
+    """A canary in production: the incumbent it is compared with, the routing and the request log."""
+
+    incumbent: Chain
+    incumbent_served: Served
+    p: CanaryParams
+    log: RequestLog
+    scoring: ScoringParams
+
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` says of the canary."""
+        return {
+            "fraction": self.p.fraction,
+            "incumbent": dataclasses.asdict(self.incumbent_served),
+            "log": str(self.log.path),
+            "requests_logged": self.log.next_n,
+        }
+
+    def pick(self, canary: Chain, canary_served: Served) -> tuple[int, str, Chain, Served]:
+        """The next request's number, arm and the chain (and its release) that answers it."""
+        n = self.log.take()
+        if canary_mod.routes_to_canary(self.p.seed, n, self.p.fraction):
+            return n, "canary", canary, canary_served
+        return n, "incumbent", self.incumbent, self.incumbent_served
+
+    def record(self, n: int, arm: str, who: Served, result: Any) -> None:
+        """Log request ``n``: its arm, release, latency and the chain's reference-free checks."""
+        checks = reference_free_checks(result.parsed, result.context, self.scoring)
+        self.log.append(canary_mod.log_row(n, arm, who.batch, who.adapter_sha256, result.latency_ms, checks))
+
+
+def incumbent_of(root: Path, served: Served) -> tuple[Served, Path | None]:
+    """The release in effect before the canary ``served`` (history verified, its adapter hash-checked),
+    or the base model when the canary is the first release; on the canary's knowledge base."""
+    stack = release_stack(verified_history(root))
+    if len(stack) < 2:
+        note = f"incumbent of canary {served.batch}: the base model (no release before it)"
+        return Served("base", None, served.kb_batch, None, served.base_sha256, None, None, note), None
+    before = stack[-2]
+    adapter_dir = root / ADAPTERS / str(before["batch"])
+    source = f"its release event in {HISTORY}"
+    sha = _check_hash(adapter_dir / ADAPTER_FILE, before["adapter_sha256"], "incumbent adapter", source)
+    if before.get("adapter_config_sha256"):
+        _check_hash(
+            adapter_dir / "adapter_config.json",
+            before["adapter_config_sha256"],
+            "incumbent adapter config",
+            source,
+        )
+    note = f"incumbent of canary {served.batch}: release of batch {before['batch']} (approval {before['approval_id']})"
+    served_before = Served(
+        "adapter",
+        str(before["batch"]),
+        served.kb_batch,
+        sha,
+        served.base_sha256,
+        before.get("decision"),
+        before.get("approval_id"),
+        note,
+    )
+    return served_before, adapter_dir
+
+
+def canary_active(root: Path, served: Served, p: ServeParams) -> bool:
+    """Whether ``served`` is a canary still under test: decision canary, routing on, not yet promoted."""
+    if served.decision != "canary" or p.canary.fraction == 0:
+        return False
+    return not canary_mod.promoted(root, {"batch": served.batch, "adapter_sha256": served.adapter_sha256})
+
+
+def load_service(
+    root: Path | str, p: ServeParams, cp: ChainParams
+) -> tuple[Chain, Served, CanaryRoute | None]:
     """Resolve and verify the release, then load its chain (model + knowledge base index), decoding
-    as ``chain.decoding`` says with the answer space of the project's params ``normalize``."""
+    as ``chain.decoding`` says with the answer space of the project's params ``normalize``; with a
+    canary under test, the incumbent's chain too (on the same index)."""
     root = Path(root)
     served, adapter_dir = resolve_release(root, p)
     kb = io.read_parquet(root / ADMITTED / served.kb_batch / "kb.parquet")
-    p = normalize_params(root / "params.yaml")
-    space = answer_space(p, p.answer)
-    return load_chain(root / BASE_DIR, adapter_dir, build_index(kb, cp), cp, space), served
+    norm = normalize_params(root / "params.yaml")
+    space = answer_space(norm, norm.answer)
+    index = build_index(kb, cp)
+    chain = load_chain(root / BASE_DIR, adapter_dir, index, cp, space)
+    if not canary_active(root, served, p):
+        return chain, served, None
+    incumbent, incumbent_dir = incumbent_of(root, served)
+    route = CanaryRoute(
+        load_chain(root / BASE_DIR, incumbent_dir, index, cp, space),
+        incumbent,
+        p.canary,
+        RequestLog(root / p.canary.log, str(served.adapter_sha256)),
+        scoring_params(root / "params.yaml"),
+    )
+    return chain, served, route
 
 
 def _error_text(errors: list[dict[str, Any]]) -> str:
@@ -190,13 +291,15 @@ def _error_text(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def create_app(chain: Chain, served: Served, p: ServeParams):
-    """The FastAPI app serving ``chain``; requests are answered one at a time (one model).
+def create_app(chain: Chain, served: Served, p: ServeParams, canary: CanaryRoute | None = None):
+    """The FastAPI app serving ``chain``; requests are answered one at a time (one model at a time).
 
     Args:
-        chain: the loaded chain (with its knowledge base index).
+        chain: the loaded chain (with its knowledge base index) of the release in production.
         served: what is served, reported by ``/health`` and every answer.
         p: serve params (the question length limit).
+        canary: with a canary under test, the incumbent's chain, the routing and the request log:
+            each request goes to one arm (:func:`clap.release.canary.routes_to_canary`) and is logged.
     """
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
@@ -214,7 +317,7 @@ def create_app(chain: Chain, served: Served, p: ServeParams):
         title="clap",
         description="answers from the released adapter and its knowledge base (the application chain)",
     )
-    lock = threading.Lock()  # one model, one generate at a time
+    lock = threading.Lock()  # one generate at a time
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -230,17 +333,23 @@ def create_app(chain: Chain, served: Served, p: ServeParams):
     @app.get("/health")
     def health() -> dict[str, Any]:
         index = chain.index
-        return {
+        body = {
             "status": "ok",
             **dataclasses.asdict(served),
             "kb_docs": len(index) if index is not None else 0,
             "top_k": chain.p.top_k,
         }
+        if canary is not None:
+            body["canary"] = canary.health()
+        return body
 
     @app.post("/answer")
     def answer(body: request_model) -> dict[str, Any]:  # type: ignore[valid-type]
+        n, arm, use, who = (-1, "production", chain, served) if canary is None else canary.pick(chain, served)
         with lock:
-            result = chain.answer([body.question], rag=True, batch_size=1)[0]
+            result = use.answer([body.question], rag=True, batch_size=1)[0]
+        if canary is not None:
+            canary.record(n, arm, who, result)
         return {
             "answer": result.parsed.fields if result.valid else None,
             "valid": result.valid,
@@ -249,8 +358,9 @@ def create_app(chain: Chain, served: Served, p: ServeParams):
             "doc_ids": result.retrieved.doc_ids,
             "latency_ms": round(result.latency_ms, 3),
             "retrieval_ms": round(result.retrieved.retrieval_ms, 3),
-            "batch": served.batch,
-            "adapter_sha256": served.adapter_sha256,
+            "batch": who.batch,
+            "adapter_sha256": who.adapter_sha256,
+            "arm": arm,
         }
 
     return app
@@ -263,15 +373,55 @@ def serve(root: Path | str, host: str | None, port: int | None) -> None:
     root = Path(root)
     p = params.section("serve", ServeParams, root / "params.yaml")
     cp = params.section("chain", ChainParams, root / "params.yaml")
-    chain, served = load_service(root, p, cp)
+    chain, served, canary = load_service(root, p, cp)
     print(
         f"serving {served.serving} ({served.note}); base {served.base_sha256[:12]}"
         + (f", adapter {served.adapter_sha256[:12]}" if served.adapter_sha256 else ""),
         flush=True,
     )
+    if canary is not None:
+        print(
+            f"canary: {canary.p.fraction:.0%} of requests to {served.batch}, the rest to the "
+            f"{canary.incumbent_served.note}; requests logged to {canary.log.path} (`clap canary` tests them)",
+            flush=True,
+        )
     uvicorn.run(
-        create_app(chain, served, p),
+        create_app(chain, served, p, canary),
         host=host or p.host,
         port=p.port if port is None else port,
         log_level="info",
     )
+
+
+@contextlib.contextmanager
+def serving(app, start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in a thread; yield its base URL.
+
+    For a process that is its own client (tests, benchmarks, an embedding application). The server
+    is always stopped on exit.
+
+    Raises:
+        ClapError: the server did not start within ``start_timeout_s`` or did not stop within 30 s.
+    """
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise ClapError(
+                    f"the server did not start within {start_timeout_s:.0f} s", rule="serve_start"
+                )
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    if thread.is_alive():
+        raise ClapError("the server did not stop within 30 s", rule="serve_stop")

@@ -856,6 +856,22 @@ def gate_rollback(root: Path, batch: str, pointer: dict[str, Any]) -> dict[str, 
     }
 
 
+def canary_rollback(root: Path, pointer: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
+    """What a rollback on the canary analysis of the release in production records, and the analysis
+    files it commits (:func:`clap.release.canary.rollback_evidence`)."""
+    from clap.release.canary import report_paths, rollback_evidence
+
+    return rollback_evidence(root, pointer), [
+        p for p in report_paths(str(pointer["batch"])) if (root / p).exists()
+    ]
+
+
+def commit_canary_promotion(root: Path, batch: str, paths: list[Path]) -> str:
+    """Commit the canary analysis that promotes ``batch`` (it then serves all traffic); the commit id."""
+    with _locked(root):
+        return _commit(root, paths, f"canary {batch}: promote (all traffic)")
+
+
 def _unassign_tag(
     root: Path, approval_id: str, reverted: str, counter: int, detail: str
 ) -> list[tuple[str, str, str]]:
@@ -873,7 +889,7 @@ def _unassign_tag(
     ]
 
 
-def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
+def rollback(root: Path, batch: str | None = None, *, canary: bool = False) -> dict[str, Any]:
     """Return production to the release before the current one and commit ``releases/``.
 
     The pointer is restored from git (its content before the current release's commit);
@@ -883,7 +899,10 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
 
     With ``batch`` the rollback acts on that batch's gate decision (:func:`gate_rollback`): it must
     be ``rollback`` for production, about the adapter in production now; the event records it.
-    Without, it is an operator's rollback (``reason: manual``).
+    With ``canary`` it acts on the canary analysis of the release in production
+    (:func:`clap.release.canary.rollback_evidence`: its verdict must be rollback, about this adapter);
+    the event records it and the analysis is committed with the rollback.
+    Without either, it is an operator's rollback (``reason: manual``).
 
     When the current release is the first one there is nothing to roll back to: refused, unless
     params ``release.rollback_to_base`` is true; then production falls back to the base model
@@ -901,7 +920,13 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
     p = load_params(root)
     with _locked(root):
         pointer, stack = _releases_in_effect(root)
-        why = gate_rollback(root, batch, pointer) if batch is not None else {"reason": "manual"}
+        evidence: list[Path] = []
+        if batch is not None:
+            why = gate_rollback(root, batch, pointer)
+        elif canary:
+            why, evidence = canary_rollback(root, pointer)
+        else:
+            why = {"reason": "manual"}
         if len(stack) < 2:
             if not p.rollback_to_base:
                 raise ClapError(
@@ -910,8 +935,8 @@ def rollback(root: Path, batch: str | None = None) -> dict[str, Any]:
                     "to the base model)",
                     rule="no_previous_release",
                 )
-            return _rollback_to_base(root, pointer, why)
-        return _apply_rollback(root, _plan_rollback(root, pointer, stack[-2], why))
+            return _rollback_to_base(root, pointer, why, evidence)
+        return _apply_rollback(root, _plan_rollback(root, pointer, stack[-2], why), evidence)
 
 
 def _releases_in_effect(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -1001,9 +1026,9 @@ def _rollback_tags(
     return tags
 
 
-def _apply_rollback(root: Path, plan: _Rollback) -> dict[str, Any]:
+def _apply_rollback(root: Path, plan: _Rollback, evidence: list[Path]) -> dict[str, Any]:
     """Restore the previous adapter's bytes (sha256 verified), then write the pointer and the event,
-    commit them and create the tags, all or nothing."""
+    commit them (with the ``evidence`` files the rollback acts on) and create the tags, all or nothing."""
     how = restore_adapter(root, plan.previous["batch"], plan.previous["adapter_sha256"])
     event = {
         "event": "rollback",
@@ -1015,12 +1040,12 @@ def _apply_rollback(root: Path, plan: _Rollback) -> dict[str, Any]:
         **plan.why,
         "at": _now(),
     }
-    with _transaction(root, [POINTER, HISTORY]):
+    with _transaction(root, [POINTER, HISTORY, *evidence]):
         io.atomic_write_text(root / POINTER, plan.restored)
         io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
         commit = _commit(
             root,
-            [POINTER, HISTORY],
+            [POINTER, HISTORY, *evidence],
             f"rollback {plan.pointer['batch']} -> {plan.previous['batch']} (revert of {plan.reverted[:12]})",
         )
         return {**event, "release_commit": commit, "tags": _create_tags(root, plan.tags)}
@@ -1032,7 +1057,9 @@ BASE_POINTER = {
 }
 
 
-def _rollback_to_base(root: Path, pointer: dict[str, Any], why: dict[str, Any]) -> dict[str, Any]:
+def _rollback_to_base(
+    root: Path, pointer: dict[str, Any], why: dict[str, Any], evidence: list[Path]
+) -> dict[str, Any]:
     """Take the first (and only) release in effect out of production: the base model serves.
 
     The pointer before the release's commit must have named no batch; GTO's ``prod`` is
@@ -1063,11 +1090,13 @@ def _rollback_to_base(root: Path, pointer: dict[str, Any], why: dict[str, Any]) 
         **why,
         "at": _now(),
     }
-    with _transaction(root, [POINTER, HISTORY]):
+    with _transaction(root, [POINTER, HISTORY, *evidence]):
         io.write_json(root / POINTER, BASE_POINTER)
         io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
         commit = _commit(
-            root, [POINTER, HISTORY], f"rollback {pointer['batch']} -> base (revert of {reverted[:12]})"
+            root,
+            [POINTER, HISTORY, *evidence],
+            f"rollback {pointer['batch']} -> base (revert of {reverted[:12]})",
         )
         return {**event, "release_commit": commit, "tags": _create_tags(root, tags)}
 

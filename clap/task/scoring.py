@@ -243,6 +243,30 @@ def evidence_ok(
     return bool(gold_quote) and gold_quote in quote
 
 
+def reference_free_checks(parsed: ParsedAnswer, context: str, p: ScoringParams) -> dict[str, bool]:
+    """What can be checked of an answer without its gold answer (a served request has none).
+
+    ``parse_ok``: the output parsed; ``evidence_verbatim``: the evidence quote occurs in the retrieved
+    context (up to whitespace runs); ``value_in_evidence``: the value is in that quote (a number equal
+    within the tolerances to one the quote holds; a ``text`` value, folded, inside the folded quote);
+    ``ok``: all three.
+    """
+    fields, schema = (parsed.fields if parsed.ok else {}), p.answer
+    quote = fields.get(schema.evidence)
+    quote = _squash(quote) if isinstance(quote, str) else ""
+    verbatim = bool(quote) and quote in _squash(context)
+    value = fields.get(schema.value)
+    if schema.value_is_text:
+        in_quote = verbatim and text_in(value, quote)
+    else:
+        number = to_number(value)
+        in_quote = (
+            verbatim and number is not None and any(value_close(number, v, p) for v in numbers_in(quote))
+        )
+    checks = {"parse_ok": parsed.ok, "evidence_verbatim": verbatim, "value_in_evidence": in_quote}
+    return {**checks, "ok": all(checks.values())}
+
+
 def score_item(
     parsed: ParsedAnswer, gold: Mapping[str, Any], context: str, p: ScoringParams
 ) -> dict[str, Any]:

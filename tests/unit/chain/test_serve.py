@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -15,10 +11,11 @@ from conftest import make_tiny_adapter, tiny_retrieval, write_tiny_admitted
 
 from clap import cli, io, params
 from clap.chain.chain import ChainParams
-from clap.chain.serve import ServeParams, create_app, load_service, resolve_release
+from clap.chain.serve import ServeParams, create_app, load_service, resolve_release, serving
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.model.engine import EngineParams
+from clap.release.canary import CanaryParams
 
 from ..release.release_fixtures import sign_release
 
@@ -30,7 +27,10 @@ CP = ChainParams(
     engine=EngineParams("torch", "f32"),
     retrieval=tiny_retrieval(),
 )
-SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
+NO_CANARY = CanaryParams(
+    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+)
+SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200, canary=NO_CANARY)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -53,37 +53,15 @@ def repo(tiny_base, tmp_path_factory) -> Path:
         write_tiny_admitted(root / "data/admitted" / batch, n_sft=2, n_probe=2, seed=seed)
         make_tiny_adapter(root / "models/base", root / "models/adapters" / batch, seed=seed)
     io.atomic_write_text(root / "params.yaml", (REPO / "params.yaml").read_text(encoding="utf-8"))
-    _release(root, "2026-01", tmp_path_factory.mktemp("serve_keys"))
+    _release(root, "2026-01")  # keys beside root: {root.name}-keys
     return root
-
-
-@contextlib.contextmanager
-def running(app):
-    """uvicorn on a free loopback port in a thread; yields the base URL; always stopped (bounded)."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-        assert not thread.is_alive(), "server did not stop"
 
 
 @pytest.fixture(scope="module")
 def url(repo):
-    chain, served = load_service(repo, SP, CP)
-    with running(create_app(chain, served, SP)) as base_url:
+    chain, served, canary = load_service(repo, SP, CP)
+    assert canary is None  # a promote release: all traffic
+    with serving(create_app(chain, served, SP)) as base_url:
         yield base_url
 
 
@@ -173,7 +151,7 @@ def test_nothing_released_refuses_or_serves_base(repo, tmp_path):
     _release(root, None)
     with pytest.raises(ClapError, match="nothing is released"):
         resolve_release(root, SP)
-    served, adapter_dir = resolve_release(root, ServeParams("127.0.0.1", 0, "base", 200))
+    served, adapter_dir = resolve_release(root, ServeParams("127.0.0.1", 0, "base", 200, NO_CANARY))
     assert (
         adapter_dir is None
         and served.serving == "base"
@@ -186,8 +164,53 @@ def test_nothing_released_refuses_or_serves_base(repo, tmp_path):
 
 def test_params_refuse_nonsense():
     with pytest.raises(ClapError, match="unreleased") as e:
-        ServeParams(host="127.0.0.1", port=8000, unreleased="maybe", max_question_chars=10)
+        ServeParams(host="127.0.0.1", port=8000, unreleased="maybe", max_question_chars=10, canary=NO_CANARY)
     assert (e.value.rule, e.value.column) == ("bad_params", "serve.unreleased")
     with pytest.raises(ClapError) as e:
-        ServeParams(host="127.0.0.1", port=70000, unreleased="base", max_question_chars=10)
+        ServeParams(host="127.0.0.1", port=70000, unreleased="base", max_question_chars=10, canary=NO_CANARY)
     assert e.value.column == "serve.port"
+
+
+def test_a_canary_is_served_beside_its_verified_incumbent_and_logged(repo, tmp_path):
+    from clap.release import canary as C
+
+    from ..release.release_fixtures import sign_release
+
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    # the fixture's approver, alone in force, approves the canary
+    keys = repo.parent / f"{repo.name}-keys"
+    sign_release(root, "2026-02", keys, base_sha256(root / "models/base"), decision="canary")
+    p = C.CanaryParams(
+        fraction=0.5, seed=3, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+    )
+    sp = ServeParams("127.0.0.1", 0, "refuse", 200, p)
+    chain, served, route = load_service(root, sp, CP)
+    assert (served.batch, served.decision, route.incumbent_served.batch) == ("2026-02", "canary", "2026-01")
+    assert route.incumbent.index is chain.index  # both arms retrieve from the canary's knowledge base
+    shas = {b: io.sha256_file(root / "models/adapters" / b / ADAPTER_FILE) for b in ("2026-01", "2026-02")}
+    with serving(create_app(chain, served, sp, route)) as base_url:
+        assert httpx.get(f"{base_url}/health", timeout=30).json()["canary"]["incumbent"]["batch"] == "2026-01"
+        bodies = [
+            httpx.post(f"{base_url}/answer", json={"question": "oee on line L3?"}, timeout=120).json()
+            for _ in range(6)
+        ]
+    rows = C.read_log(root / p.log, shas["2026-02"])
+    expected = ["canary" if C.routes_to_canary(3, n, 0.5) else "incumbent" for n in range(6)]
+    assert [b["arm"] for b in bodies] == [r["arm"] for r in rows] == expected
+    assert {"canary", "incumbent"} == set(expected)
+    assert all(r["adapter_sha256"] == shas[r["batch"]] for r in rows)
+    assert all(
+        r["failed"] == (not (r["parse_ok"] and r["evidence_verbatim"] and r["value_in_evidence"]))
+        for r in rows
+    )
+
+    io.write_json(
+        root / "reports/canary/2026-02.json", {"decision": "promote", "adapter_sha256": shas["2026-02"]}
+    )
+    assert load_service(root, sp, CP)[2] is None  # promoted: the canary takes all traffic
+    (root / "reports/canary/2026-02.json").unlink()
+    weights = root / "models/adapters/2026-01" / ADAPTER_FILE
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(ClapError, match="refusing to serve.*incumbent adapter"):
+        load_service(root, sp, CP)

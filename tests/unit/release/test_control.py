@@ -527,3 +527,63 @@ def test_cli_prints_the_token_refuses_with_exit_2_and_releases_signed(repo):
     assert model_signing_verify(repo, X).returncode == 0
     keygen = clap("signing-keygen")
     assert keygen.returncode == 0 and "keys/model-signing.key" in keygen.stdout, keygen.stderr
+
+
+def _canary_in_production(repo, fail_canary: float, fail_incumbent: float, n: int = 600) -> None:
+    """X released, then Y released as a canary; a request log as `clap serve` writes it (seeded failures)."""
+    import random
+
+    from clap.release import canary as C
+
+    release_X = approve(repo, X)
+    R.release(repo, X, release_X, R.load_params(repo), signing_key=signing_key(repo))
+    repro(repo)
+    set_decision(repo, Y, "canary")
+    R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["serve"] = yaml.safe_load((ROOT / "params.yaml").read_text())["serve"]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit_all(repo, "serve params")
+    p, rng = C.CanaryParams(**params["serve"]["canary"]), random.Random(4)
+    log = C.RequestLog(repo / p.log, adapter_sha(repo, Y))
+    for _ in range(n):
+        i = log.take()
+        arm = "canary" if C.routes_to_canary(p.seed, i, p.fraction) else "incumbent"
+        ok = rng.random() >= (fail_canary if arm == "canary" else fail_incumbent)
+        checks = {"parse_ok": True, "evidence_verbatim": ok, "value_in_evidence": ok, "ok": ok}
+        log.append(C.log_row(i, arm, Y if arm == "canary" else X, "sha", 900.0, checks))
+
+
+def test_a_canary_breach_rolls_back_through_the_signed_path_with_its_analysis(repo):
+    from clap.release import canary as C
+
+    _canary_in_production(repo, fail_canary=0.5, fail_incumbent=0.1)
+    first = read_jsonl(repo / "releases" / "history.jsonl")[0]["pointer"]
+    refused(repo, lambda: R.rollback(repo, canary=True), "no_canary_analysis")
+    rec = C.run(repo, apply=True)
+    assert rec["decision"] == "rollback" and rec["decided_at_request"] < 600
+    event = rec["applied"]
+    assert R.read_pointer(repo) == first and event["to_batch"] == X
+    assert event["reason"].startswith(f"canary {Y}: harm e-value")
+    assert event["canary_record_sha256"] == io.sha256_file(repo / "reports" / "canary" / f"{Y}.json")
+    committed = git(repo, "show", "--name-only", "--format=", "HEAD").split()
+    assert sorted(committed) == sorted(
+        [
+            "releases/history.jsonl",
+            "releases/production.json",
+            f"reports/canary/{Y}.json",
+            f"reports/canary/{Y}.md",
+        ]
+    )
+    assert check_registry(repo, emit=lambda _line: None) == 3  # release, release (canary), rollback: verified
+
+
+def test_a_promoted_canary_is_committed_and_is_not_a_rollback(repo):
+    from clap.release import canary as C
+
+    _canary_in_production(repo, fail_canary=0.02, fail_incumbent=0.4)
+    rec = C.run(repo, apply=True)
+    assert rec["decision"] == "promote"
+    assert git(repo, "log", "-1", "--format=%s").strip() == f"canary {Y}: promote (all traffic)"
+    assert C.promoted(repo, R.read_pointer(repo))
+    refused(repo, lambda: R.rollback(repo, canary=True), "not_a_rollback")

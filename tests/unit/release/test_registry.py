@@ -17,6 +17,7 @@ from clap.judge.evaluation import incumbent_spec
 from clap.model.base import base_sha256
 from clap.release import control as R
 from clap.release.approval import BINDING_CLAIMS, load_private_key
+from clap.release.canary import CanaryParams
 from clap.release.registry import check_registry, verify_pointer
 
 from .release_fixtures import (
@@ -35,7 +36,10 @@ from .release_fixtures import (
 from .release_fixtures import approve as approve_batch
 
 X, Y = BATCHES
-SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200)
+NO_CANARY = CanaryParams(
+    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+)
+SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200, canary=NO_CANARY)
 
 
 @pytest.fixture
