@@ -3,10 +3,13 @@
 For each batch in time order: ``dvc repro`` its chain (eval compares the candidate with the
 adapter in production, when there is one), commit, read the gate's decision; when it is
 promote or canary, ``clap approve`` it with a throwaway key and ``clap release`` it, so the
-next batch's candidate is evaluated and replayed against that incumbent. At the end
-``clap rollback`` must restore the previous release's adapter byte for byte (sha256 of
-``adapter_model.safetensors``), after its folder was deleted from the workspace so the bytes
-come back from the DVC cache.
+next batch's candidate is evaluated and replayed against that incumbent. At the end, when the
+last batch is in production, its gate is asked again (eval judges the production adapter on the
+batch's items); a ``production_decision: rollback`` is acted on with ``clap rollback --batch``,
+otherwise the rollback is by hand (``clap rollback``). Either must restore the previous release's
+adapter byte for byte (sha256 of ``adapter_model.safetensors``), after its folder was deleted
+from the workspace so the bytes come back from the DVC cache. ``--force-release BATCH`` puts a
+batch the gate refused in production (an incident to recover from), marked FORCED.
 
 Everything runs in a ``git clone`` of the project's HEAD in a temporary folder: its origin
 remote is removed (nothing can be pushed), its DVC cache is the project's (``cache.dir`` in
@@ -17,6 +20,7 @@ The project's own ``releases/`` is never touched; only the report is written int
 
     python benchmarks/closed_loop.py [--project .] [--batches 2026-01 2026-02 2026-05 2026-06]
         [--out benchmarks/results/closed_loop.md] [--set gate.delta_star=0.05 ...] [--keep]
+        [--force-release [BATCH ...]]
 
 The report (markdown, and ``.json`` next to it) is CLAP's table for the project: per batch
 the baseline (base, or the incumbent batch), pass rates, the offline delta, McNemar b/c and
@@ -85,9 +89,16 @@ class Runner:
     commands: list[dict[str, Any]] = field(default_factory=list)
 
     def __call__(
-        self, argv: list[str], what: str, *, ok: tuple[int, ...] = (0,), stdin: str | None = None
+        self,
+        argv: list[str],
+        what: str,
+        *,
+        ok: tuple[int, ...] = (0,),
+        stdin: str | None = None,
+        shown: str | None = None,
     ) -> subprocess.CompletedProcess:
-        shown = shlex.join(_display(a) for a in argv)
+        """Run ``argv``; ``shown`` is how the record shows it (e.g. ``"$T1"`` for a secret token)."""
+        shown = shown or shlex.join(_display(a) for a in argv)
         self.log(f"$ {shown}")
         start = time.perf_counter()
         proc = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, input=stdin)
@@ -320,7 +331,7 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
         "batches": list(args.batches),
         "overrides": dict(args.overrides),
         "note": args.note or "",
-        "force_release": bool(args.force_release),
+        "force_release": args.force_release,
         "scope": args.scope,
         "machine": machine(),
         "rows": [],
@@ -361,7 +372,7 @@ def run_loop(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 releases.append({"batch": batch, "sha256": row["released_sha256"]})
             result["rows"].append(row)
         result["releases"] = releases
-        result["rollback"] = rollback(run, scratch, releases, log)
+        result["rollback"] = rollback(run, scratch, releases, args.batches[-1], log)
         check = run([sys.executable, "-m", "clap.cli", "registry-check"], "verify the whole release history")
         result["registry_check"] = check.stdout.strip().splitlines()
     finally:
@@ -393,7 +404,7 @@ def loop_batch(
     row.update(stages_run=ran, stages_from_run_cache=restored, repro_s=repro_s, forced=False)
     releasable = row["decision"] in RELEASABLE
     adapter = scratch / "models" / "adapters" / batch / ADAPTER_FILE
-    if not releasable and args.force_release and adapter.is_file():
+    if not releasable and forced(args, batch) and adapter.is_file():
         force_promote(scratch, batch)
         commit_all(
             run, f"closed loop: FORCED promote of {batch} (gate said {row['decision']}; mechanics test only)"
@@ -407,7 +418,9 @@ def loop_batch(
         ).stdout.strip()
         # a forced run exercises the mechanics on an uncertified scenario (docs/certification.md); say so
         override = (
-            ["--uncertified", "closed-loop mechanics run (--force-release)"] if args.force_release else []
+            ["--uncertified", "closed-loop run with --force-release"]
+            if args.force_release is not None
+            else []
         )
         rel = run(
             [sys.executable, "-m", "clap.cli", "release", batch, "--token", "-"]
@@ -436,21 +449,57 @@ def loop_batch(
     return row
 
 
-def rollback(run: Runner, scratch: Path, releases: list[dict[str, Any]], log) -> dict[str, Any]:
-    """``clap rollback`` after deleting the previous release's adapter folder; compare its sha256."""
+def forced(args: argparse.Namespace, batch: str) -> bool:
+    """Whether ``--force-release`` applies to ``batch`` (given without batches: to every batch)."""
+    return args.force_release is not None and (not args.force_release or batch in args.force_release)
+
+
+def regate(run: Runner, scratch: Path, batch: str, log) -> dict[str, Any]:
+    """Ask the gate of ``batch`` again now that its own adapter is in production (eval depends on the
+    pointer: the production adapter is judged on the batch's items); commit; its production decision."""
+    run([_dvc(), "repro", f"gate@{batch}"], f"re-run gate {batch} with {batch} in production")
+    commit_all(run, f"closed loop: batch {batch} gated again with {batch} in production")
+    gate = read_json(scratch / "metrics/gate" / f"{batch}.json")
+    out = {
+        k: gate.get(k)
+        for k in ("production_decision", "production_rule", "incumbent_decision", "incumbent_rule")
+    }
+    log(f"gate {batch} again: production {out['production_decision']} ({out['production_rule']})")
+    return out
+
+
+def rollback(run: Runner, scratch: Path, releases: list[dict[str, Any]], last: str, log) -> dict[str, Any]:
+    """The rollback, after deleting the previous release's adapter folder; compare its sha256.
+
+    When the last batch of the loop is the one in production, its gate is asked again first: a
+    ``production_decision: rollback`` is acted on with ``clap rollback --batch <last>`` (the gate
+    decides); otherwise the rollback is by hand (``clap rollback``), and the report says which.
+    """
     if len(releases) < 2:
         return {
             "exercised": False,
             "reason": f"{len(releases)} release(s) in the loop: a rollback needs two",
         }
     current, previous = releases[-1], releases[-2]
+    gate = regate(run, scratch, last, log) if current["batch"] == last else {}
+    by_gate = gate.get("production_decision") == "rollback"
     folder = scratch / "models" / "adapters" / previous["batch"]
     shutil.rmtree(folder)  # the bytes must come back from the DVC cache, not the workspace
-    proc = run([sys.executable, "-m", "clap.cli", "rollback"], "roll back to the previous release")
+    argv, what = (
+        (
+            [sys.executable, "-m", "clap.cli", "rollback", "--batch", last],
+            f"roll back on gate {last}'s decision",
+        )
+        if by_gate
+        else ([sys.executable, "-m", "clap.cli", "rollback"], "roll back to the previous release by hand")
+    )
+    proc = run(argv, what)
     restored = sha256_file(folder / ADAPTER_FILE)
     pointer = read_json(scratch / "releases" / "production.json")
     out = {
         "exercised": True,
+        "decided_by": f"gate {last}" if by_gate else "hand",
+        "gate_again": gate,
         "from_batch": current["batch"],
         "from_sha256": current["sha256"],
         "to_batch": previous["batch"],
@@ -535,12 +584,12 @@ def render(result: dict[str, Any]) -> str:
     ]
     if result.get("note"):
         lines += ["", f"Why this run: {result['note']}"]
-    if result["force_release"]:
+    if result["force_release"] is not None:
         lines += [
             "",
             "**`--force-release`: batches marked FORCED were not releasable by the gate; their gate record was "
-            "rewritten to promote in the scratch clone to exercise approve/release/rollback. Their decisions below "
-            "are the gate's own. This is a mechanics test, not a result.**",
+            "rewritten to promote in the scratch clone to put them in production (approve/release as usual). Their "
+            "decisions below are the gate's own.**",
         ]
     lines += [
         "",
@@ -585,8 +634,22 @@ def render(result: dict[str, Any]) -> str:
     rb = result["rollback"]
     lines.append("")
     if rb["exercised"]:
+        again = rb.get("gate_again") or {}
+        if again:
+            lines.append(
+                f"Gate {result['batches'][-1]} asked again with its adapter in production: production decision "
+                f"**{again['production_decision']}** (`{again['production_rule']}`; incumbent verdict "
+                f"{again['incumbent_decision']} `{again['incumbent_rule']}`)."
+            )
+        by = rb.get("decided_by", "hand")
+        how = (
+            "by hand: `clap rollback`"
+            if by == "hand"
+            else f"on {by}'s `production_decision: rollback`: `clap rollback --batch`"
+        )
         lines.append(
-            f"Rollback: {rb['from_batch']} (`{rb['from_sha256'][:12]}`) → {rb['to_batch']} (`{rb['restored_sha256'][:12]}`, "
+            f"Rollback ({how}): "
+            f"{rb['from_batch']} (`{rb['from_sha256'][:12]}`) → {rb['to_batch']} (`{rb['restored_sha256'][:12]}`, "
             f"restored after deleting its folder): equal to the previous release byte for byte: "
             f"**{'yes' if rb['equal'] else 'NO'}**. `{rb['output']}`"
         )
@@ -647,8 +710,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--force-release",
-        action="store_true",
-        help="mechanics test only: release batches the gate did not allow (rewrites their gate record in the scratch "
+        nargs="*",
+        metavar="BATCH",
+        help="release these batches (none named: every batch) even when the gate did not allow them, e.g. to put "
+        "a bad adapter in production and let a later gate roll it back (rewrites their gate record in the scratch "
         "clone; marked FORCED in the report)",
     )
     p.add_argument(

@@ -261,7 +261,7 @@ def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "value_in_evidence_rate": rate["value_in_evidence"],
         "latency_p50_ms": float(np.percentile(latency, 50)) if n else None,
         "latency_p95_ms": float(np.percentile(latency, 95)) if n else None,
-        "batches": sorted({str(r["batch"]) for r in rows}),
+        "batches": sorted({"base" if r["batch"] is None else str(r["batch"]) for r in rows}),
     }
 
 

@@ -8,7 +8,8 @@ params can promote that (p < alpha needs alpha > 1, which the statistics refuse)
 uses ``--force-release`` to exercise the mechanics: each batch is reproduced against the
 adapter in production, approved with the loop's throwaway key and released; the last
 release is rolled back and the previous adapter must come back byte for byte from the
-DVC cache. The project the loop clones is a tiny git repository built from the working tree
+DVC cache (the last batch's gate is asked again first, with its adapter in production, and
+decides the rollback when it says so). The project the loop clones is a tiny git repository built from the working tree
 (like tests/e2e/test_pipeline.py's), so no real releases/ or cache is involved.
 """
 
@@ -72,7 +73,11 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     assert [r["trained_from"] for r in rows] == ["fresh", BATCHES[0]]
     assert [r["trained_from_sha256"] for r in rows] == [None, shas[0]]
 
+    # the last batch's gate, asked again with its adapter in production, decides the rollback when it
+    # says so (`clap rollback --batch`); otherwise it is by hand
     rb = result["rollback"]
+    again = rb["gate_again"]["production_decision"]
+    assert rb["decided_by"] == (f"gate {BATCHES[1]}" if again == "rollback" else "hand"), rb["gate_again"]
     assert rb["exercised"] and rb["equal"]
     assert (rb["from_batch"], rb["to_batch"]) == (BATCHES[1], BATCHES[0])
     assert rb["from_sha256"] == shas[1] and rb["restored_sha256"] == rb["pointer_sha256"] == shas[0]
@@ -82,10 +87,11 @@ def test_closed_loop_releases_against_the_incumbent_and_rolls_back_byte_for_byte
     assert len(signed) == len(BATCHES)  # each release signed the adapter folder (OpenSSF model-signing)
 
     commands = [c["command"] for c in result["commands"]]
-    assert [c for c in commands if c.startswith("dvc repro")] == [f"dvc repro gate@{b}" for b in BATCHES]
+    repros = [c for c in commands if c.startswith("dvc repro")]
+    assert repros == [f"dvc repro gate@{b}" for b in (*BATCHES, BATCHES[-1])]
     assert f"python -m clap.cli approve {BATCHES[0]} --key keys/closed-loop.key" in commands
     assert not any("eyJ" in c for c in commands)  # the token went through stdin, never a command line
-    assert "FORCED" in out.read_text() and "Rollback:" in out.read_text()
+    assert "FORCED" in out.read_text() and "Rollback (" in out.read_text()
 
     # the project itself is untouched: no trusted key, no release, nothing to commit
     assert not (loop_project / "releases" / "trusted_keys" / "closed-loop.pub").exists()
