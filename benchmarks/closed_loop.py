@@ -676,6 +676,18 @@ def write_report(result: dict[str, Any], out: Path) -> Path:
     return out_json
 
 
+def add_set_argument(p: argparse.ArgumentParser, example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable): a params.yaml key set in the scratch clone (:func:`parse_sets`)."""
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a params.yaml key in the scratch clone (dotted, YAML value), e.g. {example}",
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -693,14 +705,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="markdown report (default: <project>/benchmarks/results/closed_loop.md; .json beside it)",
     )
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a params.yaml key in the scratch clone (dotted, YAML value), e.g. gate.delta_star=0.05",
-    )
+    add_set_argument(p, "gate.delta_star=0.05")
     p.add_argument(
         "--scope",
         choices=("batch", "all"),

@@ -1,34 +1,41 @@
-"""README's release walkthrough, run for real on the demo's adapters (issue 18 §3).
+"""README's release walkthrough, run for real on the demo's adapters.
 
-approve → release → serve (real HTTP requests answered by the released adapter) → second
-release → serve → rollback → serve → registry check, on the real SmolLM2 adapters the demo
-trains, in a scratch clone (``benchmarks/closed_loop.py``'s: origin removed, the project's DVC
-cache shared with ``cache.type reflink,copy``) with an approver key and a model-signing key
-generated there at run time and deleted with it. Only the report is written into the project.
+keys → approve → release → serve (real HTTP requests answered by the released adapter) → gate a
+second batch against it → release it when the gate allows it → rollback → registry check, on the
+real SmolLM2 adapters the demo trains, in a scratch clone (``benchmarks/closed_loop.py``'s: origin
+removed, the project's DVC cache shared with ``cache.type reflink,copy``) with keys generated there
+at run time and deleted with it. Only the report is written into the project.
 
-The demo world has one batch that beats the base model and is never beaten by a later one:
-2026-01's adapter (the closed-loop report: 2026-02, 2026-05 and 2026-06 are each rejected
-against it). So the walkthrough releases 2026-02 first (gated against the base model: nothing
-is in production), then re-evaluates 2026-01 against that incumbent (its ``eval`` depends on
-``releases/production.json``), releases it when the gate says so, and rolls back to 2026-02.
-Every step is the gate's own decision under the project's params; nothing is forced.
+The keys are docs/release.md's team of several: alice and bob pinned outside the clone
+(``$CLAP_TRUST_ROOT``), carol added by both (``clap trust add``), every release approved by two of
+them; mallory's key is committed to ``releases/trusted_keys/`` and never trusted.
+
+``--first`` (default 2026-01, which ``make demo`` computed) is gated against the base model and
+released. ``--second`` (default 2026-02) is gated against it in production (its ``eval`` depends on
+``releases/production.json``): when the gate allows it, it is released and the rollback restores
+the first's adapter; when not, its approval is refused (``not_releasable``), the incumbent stays,
+and the rollback goes back to nothing released. Every step is the gate's own decision under the
+project's params; nothing is forced.
 
 Checked, and the script exits 1 when any check fails:
 
-- after each release and after the rollback, ``clap serve`` starts, ``/health`` names the
-  batch and adapter sha256 the pointer names, and ``--questions`` replay questions of the
-  served batch are answered over HTTP: valid answers, each response naming that adapter,
-  and the served output compared with what replay's condition B (adapter + RAG, the same
-  chain) answered offline for the same question;
-- the rollback deletes the second release's predecessor's adapter folder first, so its bytes
-  come back from the DVC cache; sha256 before (at its release) and after must be equal;
+- after each release (and after a rollback to a release), ``clap serve`` starts, ``/health``
+  names the batch and adapter sha256 the pointer names, and ``--questions`` replay questions of
+  the served batch are answered over HTTP: valid answers, each response naming that adapter, and
+  the served output compared with what replay's condition B (adapter + RAG, the same chain)
+  answered offline for the same question;
+- a rollback to a release deletes that release's adapter folder first, so its bytes come back
+  from the DVC cache: sha256 at its release and after must be equal; a rollback to nothing
+  released leaves a pointer without a batch, and ``clap serve`` refuses (``nothing_released``);
 - each release's handoff: the model card passes ``clap.release.handoff.validate_card``, the
   manifest ``validate_manifest``, the cost report has every stage with a wall time and the
   train estimate, and the standard ``model_signing verify`` CLI accepts the adapter folder;
+- before each release, a release with one approval and an approval by mallory's key are
+  refused (exit status 2, rules ``approvals_required`` and ``untrusted_key``);
 - ``clap registry-check`` accepts the whole history.
 
     python benchmarks/release_walkthrough.py [--project .] [--out benchmarks/results/release_walkthrough.md]
-        [--first 2026-02] [--second 2026-01] [--questions 3] [--keep]
+        [--first 2026-01] [--second 2026-02] [--questions 3] [--keep]
 """
 
 from __future__ import annotations
@@ -55,9 +62,11 @@ from closed_loop import (  # noqa: E402
     Runner,
     _display,
     _dvc,
+    add_set_argument,
     commit_all,
     git,
     machine,
+    parse_sets,
     read_json,
     scratch_clone,
     set_params,
@@ -70,8 +79,13 @@ from clap.release.approval import RELEASABLE  # noqa: E402
 from clap.release.handoff import CARD, COST, MANIFEST, validate_card, validate_manifest  # noqa: E402
 from clap.release.trust import ROOT_ENV  # noqa: E402
 
-APPROVER = "alice"
+# docs/release.md's team of several: alice and bob pinned outside the repository, carol added by both
+PINNED, ADDED = ("alice", "bob"), "carol"
+# who approves each release (two distinct approvers: params release.approvals_required)
+APPROVERS = (("alice", "bob"), ("alice", "carol"))
+INTRUDER = "mallory"  # a committer's own key: committed, never trusted
 SIGNING_KEY = "keys/model-signing.key"  # `clap signing-keygen`'s default
+CLAP = [sys.executable, "-m", "clap.cli"]
 
 
 def free_port() -> int:
@@ -95,7 +109,7 @@ def serve_and_ask(run: Runner, scratch: Path, questions: int, label: str, log) -
     offline = cases[cases["condition"] == "B"].sort_values("position").head(questions)
     asked = io.read_parquet(scratch / "data" / "admitted" / batch / "replay.parquet").set_index("item_id")
     port = free_port()
-    argv = [sys.executable, "-m", "clap.cli", "serve", "--port", str(port)]
+    argv = [*CLAP, "serve", "--port", str(port)]
     shown = " ".join(_display(a) for a in argv) + " &"
     log(f"$ {shown}")
     start = time.perf_counter()
@@ -229,8 +243,79 @@ def check_handoff(run: Runner, scratch: Path, batch: str) -> dict[str, Any]:
     }
 
 
-def gate_and_release(run: Runner, scratch: Path, batch: str, log) -> dict[str, Any]:
-    """``dvc repro gate@<batch>``, commit, and approve + release when the gate allows it."""
+def approve(run: Runner, batch: str, who: str, var: str, ok: tuple[int, ...] = (0,)):
+    """``clap approve <batch> --key keys/<who>.key``, shown as the README's ``<var>=$(...)``."""
+    argv = [*CLAP, "approve", batch, "--key", f"keys/{who}.key"]
+    return run(
+        argv, f"{who} approves {batch}", ok=ok, shown=f"{var}=$(clap approve {batch} --key keys/{who}.key)"
+    )
+
+
+def release(run: Runner, batch: str, tokens: dict[str, str], what: str, ok: tuple[int, ...] = (0,)):
+    """``clap release <batch> --token "$T1" ...`` with the named tokens."""
+    argv = [*CLAP, "release", batch]
+    for token in tokens.values():
+        argv += ["--token", token]
+    shown = f"clap release {batch} " + " ".join(f'--token "${v}"' for v in tokens)
+    return run(
+        argv + ["--signing-key", SIGNING_KEY], what, ok=ok, shown=f"{shown} --signing-key {SIGNING_KEY}"
+    )
+
+
+def trust_ceremony(run: Runner, scratch: Path) -> dict[str, Any]:
+    """Keys: two pinned approvers, a third added by both, and an intruder's key that counts for nothing."""
+    fingerprints = {}
+    for name in (*PINNED, ADDED, INTRUDER):
+        out = run([*CLAP, "keygen", "--name", name], f"{name}'s key pair").stdout
+        fingerprints[name] = re.search(r"fingerprint: ([0-9a-f]{64})", out).group(1)
+        if name == PINNED[-1]:
+            git(run, "add", "releases/trusted_keys", what="commit the pinned approvers' public keys")
+            git(run, "commit", "-q", "-m", "alice's and bob's keys", what="commit")
+            # pinned outside the scratch clone, as CI pins its approvers' fingerprints
+            run.env[ROOT_ENV] = ",".join(fingerprints[n] for n in PINNED)
+            run.commands.append(
+                {
+                    "command": f"export {ROOT_ENV}=<alice>,<bob>",
+                    "rc": 0,
+                    "wall_s": 0.0,
+                    "what": "pin the root of trust",
+                }
+            )
+        elif name in (ADDED, INTRUDER):
+            git(run, "add", f"releases/trusted_keys/{name}.pub", what=f"commit {name}'s public key")
+            git(run, "commit", "-q", "-m", f"{name}'s key", what="commit")
+    first = run(
+        [*CLAP, "trust", "add", ADDED, "--key", f"keys/{PINNED[0]}.key"], f"{PINNED[0]} signs: add {ADDED}"
+    )
+    second = run(
+        [*CLAP, "trust", "add", ADDED, "--key", f"keys/{PINNED[1]}.key"], f"{PINNED[1]} signs: add {ADDED}"
+    )
+    return {
+        "pinned": list(PINNED),
+        "added": ADDED,
+        "trust_add_outputs": [first.stdout.strip(), second.stdout.strip()],
+        "intruder": INTRUDER,
+    }
+
+
+def refusals(run: Runner, batch: str) -> list[dict[str, Any]]:
+    """What must be refused on the way to releasing ``batch``: one approver alone; an intruder's key."""
+    token = approve(run, batch, PINNED[0], "T1").stdout.strip()
+    alone = release(run, batch, {"T1": token}, f"release {batch} with one approver (refused)", ok=(2,))
+    intruder = approve(run, batch, INTRUDER, "TM", ok=(2,))
+    return [
+        {"attempt": what, "rule": rule, "rc": proc.returncode, "said": proc.stderr.strip()[-600:]}
+        for what, rule, proc in (
+            ("one approver", "approvals_required", alone),
+            (f"{INTRUDER}'s committed key", "untrusted_key", intruder),
+        )
+    ]
+
+
+def gate_and_release(
+    run: Runner, scratch: Path, batch: str, approvers: tuple[str, str], log
+) -> dict[str, Any]:
+    """``dvc repro gate@<batch>``, commit, and approve (two approvers) + release when the gate allows it."""
     start = time.perf_counter()
     proc = run([_dvc(), "repro", f"gate@{batch}"], f"reproduce and gate {batch}")
     ran = [line.split("'")[1] for line in proc.stdout.splitlines() if line.startswith("Running stage '")]
@@ -247,20 +332,20 @@ def gate_and_release(run: Runner, scratch: Path, batch: str, log) -> dict[str, A
         **{k: gate.get(k) for k in ("baseline_pass_rate", "candidate_pass_rate", "production_decision")},
     }
     log(f"{batch}: {row['decision']} ({row['rule']}) against {row['baseline_reason']}")
-    if row["decision"] not in RELEASABLE:
-        raise LoopError(
-            f"the gate did not allow {batch}: {row['decision']} ({row['rule']}); nothing to release"
-        )
-    token = run(
-        [sys.executable, "-m", "clap.cli", "approve", batch, "--key", f"keys/{APPROVER}.key"],
-        f"approve {batch}",
-    ).stdout.strip()
+    if row["decision"] not in RELEASABLE:  # the incumbent stays; an approval is refused
+        proc = approve(run, batch, approvers[0], "T1", ok=(2,))
+        said = proc.stderr.strip()[-600:]
+        attempt = {"attempt": f"approve a {row['decision']} decision", "rule": "not_releasable", "said": said}
+        return {
+            **row,
+            "released": False,
+            "released_sha256": None,
+            "refused": [{**attempt, "rc": proc.returncode}],
+        }
+    row["refused"] = refusals(run, batch)
+    tokens = {f"T{i}": approve(run, batch, who, f"T{i}").stdout.strip() for i, who in enumerate(approvers, 1)}
     t0 = time.perf_counter()
-    rel = run(
-        [sys.executable, "-m", "clap.cli", "release", batch, "--token", "-", "--signing-key", SIGNING_KEY],
-        f"release {batch}",
-        stdin=token,
-    )
+    rel = release(run, batch, tokens, f"release {batch} ({' and '.join(approvers)} approved)")
     row["release_s"] = round(time.perf_counter() - t0, 2)
     pointer = read_json(scratch / "releases" / "production.json")
     on_disk = sha256_file(scratch / "models" / "adapters" / batch / ADAPTER_FILE)
@@ -268,8 +353,50 @@ def gate_and_release(run: Runner, scratch: Path, batch: str, log) -> dict[str, A
         raise LoopError(
             f"after releasing {batch} the pointer names {pointer.get('batch')} {pointer.get('adapter_sha256')}"
         )
-    row.update(released_sha256=on_disk, release_output=rel.stdout.strip().splitlines())
+    row.update(released=True, released_sha256=on_disk, release_output=rel.stdout.strip().splitlines())
     return row
+
+
+def roll_back(run: Runner, scratch: Path, released: list[dict[str, Any]]) -> dict[str, Any]:
+    """``clap rollback`` from the last release: to the one before it (its folder deleted first, so the
+    bytes come back from the DVC cache; sha256 compared), or, with one release, to nothing released
+    (``clap serve`` must then refuse: ``serve.unreleased: refuse``)."""
+    previous = released[-2] if len(released) > 1 else None
+    if previous is not None:
+        shutil.rmtree(scratch / "models" / "adapters" / previous["batch"])
+    t0 = time.perf_counter()
+    proc = run([*CLAP, "rollback"], "roll back to the previous release", ok=(0, 2))
+    wall = round(time.perf_counter() - t0, 2)
+    pointer = read_json(scratch / "releases" / "production.json")
+    out = {"wall_s": wall, "from_batch": released[-1]["batch"], "output": proc.stdout.strip()}
+    if proc.returncode:  # one release and params release.rollback_to_base false: nothing to roll back to
+        return {
+            **out,
+            "to_batch": "base",
+            "serve_refused": "",
+            "equal": False,
+            "refused": proc.stderr.strip(),
+        }
+    if previous is None:
+        serve = run([*CLAP, "serve", "--port", "8000"], "serve with nothing released (refused)", ok=(2,))
+        said = serve.stderr.strip()
+        return {
+            **out,
+            "to_batch": "base",
+            "pointer_batch": pointer.get("batch"),
+            "serve_refused": said.splitlines()[-1] if said else "",
+            "equal": pointer.get("batch") is None and "rule nothing_released" in said,
+        }
+    restored = sha256_file(scratch / "models" / "adapters" / previous["batch"] / ADAPTER_FILE)
+    return {
+        **out,
+        "to_batch": previous["batch"],
+        "sha256_at_release": previous["released_sha256"],
+        "sha256_restored": restored,
+        "pointer_sha256": pointer.get("adapter_sha256"),
+        "equal": restored == previous["released_sha256"] == pointer.get("adapter_sha256")
+        and pointer.get("batch") == previous["batch"],
+    }
 
 
 def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
@@ -302,6 +429,7 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
         "machine": machine(),
         "first": args.first,
         "second": args.second,
+        "overrides": args.overrides,
         "serves": [],
         "handoffs": [],
         "releases": [],
@@ -312,42 +440,27 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
         run([_dvc(), "checkout"], "check out what the project already computed", ok=(0, 1, 255))
         batches = read_json_yaml_batches(scratch)
         wanted = sorted(set(batches) | {args.first, args.second})
-        if wanted != batches:
-            set_params(scratch / "params.yaml", {"batches": wanted})
-            commit_all(run, f"batches: {wanted}")
-        keygen = run([sys.executable, "-m", "clap.cli", "keygen", "--name", APPROVER], "approver key")
-        # pinned outside the scratch clone, as CI pins its approvers' fingerprints ($CLAP_TRUST_ROOT)
-        run.env[ROOT_ENV] = re.search(r"fingerprint: ([0-9a-f]{64})", keygen.stdout).group(1)
-        git(run, "add", "releases/trusted_keys", what="trust the approver")
-        git(run, "commit", "-q", "-m", f"trust {APPROVER}", what="commit")
-        run([sys.executable, "-m", "clap.cli", "signing-keygen"], "model-signing key (EC P-256)")
-        for batch in (args.first, args.second):
-            row = gate_and_release(run, scratch, batch, log)
+        updates = {**({"batches": wanted} if wanted != batches else {}), **args.overrides}
+        if updates:
+            set_params(scratch / "params.yaml", updates)
+            commit_all(run, "params: " + " ".join(f"{k}={v}" for k, v in updates.items()))
+        result["trust"] = trust_ceremony(run, scratch)
+        run([*CLAP, "signing-keygen"], "model-signing key (EC P-256)")
+        for batch, approvers in zip((args.first, args.second), APPROVERS, strict=True):
+            row = gate_and_release(run, scratch, batch, approvers, log)
             result["releases"].append(row)
+            if not row["released"]:
+                if batch == args.first:
+                    raise LoopError(f"the gate did not allow {batch}: {row['decision']} ({row['rule']})")
+                continue
             result["handoffs"].append(check_handoff(run, scratch, batch))
             result["serves"].append(
                 serve_and_ask(run, scratch, args.questions, f"after releasing {batch}", log)
             )
-        previous = result["releases"][0]
-        folder = scratch / "models" / "adapters" / previous["batch"]
-        shutil.rmtree(folder)  # the bytes must come back from the DVC cache
-        t0 = time.perf_counter()
-        proc = run([sys.executable, "-m", "clap.cli", "rollback"], "roll back to the previous release")
-        restored = sha256_file(folder / ADAPTER_FILE)
-        pointer = read_json(scratch / "releases" / "production.json")
-        result["rollback"] = {
-            "wall_s": round(time.perf_counter() - t0, 2),
-            "from_batch": args.second,
-            "to_batch": previous["batch"],
-            "sha256_at_release": previous["released_sha256"],
-            "sha256_restored": restored,
-            "pointer_sha256": pointer.get("adapter_sha256"),
-            "equal": restored == previous["released_sha256"] == pointer.get("adapter_sha256")
-            and pointer.get("batch") == previous["batch"],
-            "output": proc.stdout.strip(),
-        }
-        result["serves"].append(serve_and_ask(run, scratch, args.questions, "after the rollback", log))
-        check = run([sys.executable, "-m", "clap.cli", "registry-check"], "verify the whole release history")
+        result["rollback"] = roll_back(run, scratch, [r for r in result["releases"] if r["released"]])
+        if result["rollback"]["to_batch"] != "base":
+            result["serves"].append(serve_and_ask(run, scratch, args.questions, "after the rollback", log))
+        check = run([*CLAP, "registry-check"], "verify the whole release history")
         result["registry_check"] = check.stdout.strip().splitlines()
         tags = git(run, "tag", "--list", "clap-adapter*", what="the GTO tags")
         result["gto_tags"] = tags.split()
@@ -371,8 +484,19 @@ def read_json_yaml_batches(scratch: Path) -> list[str]:
 def problems(result: dict[str, Any]) -> list[str]:
     out = [p for s in result["serves"] for p in s["problems"]]
     out += [f"{h['batch']}: {p}" for h in result["handoffs"] for p in h["problems"]]
-    if not result.get("rollback", {}).get("equal"):
-        out.append("the rollback did not restore the previous release byte for byte")
+    out += [
+        f"{r['batch']}: {x['attempt']} was not refused with rule {x['rule']}: {x['said']}"
+        for r in result["releases"]
+        for x in r.get("refused", [])
+        if f"rule {x['rule']}" not in x["said"]
+    ]
+    rb = result.get("rollback", {})
+    if rb.get("refused"):
+        out.append(f"the rollback was refused: {rb['refused']}")
+    elif not rb.get("equal"):
+        out.append(
+            "the rollback did not restore the previous release byte for byte (or serve did not refuse)"
+        )
     return out
 
 
@@ -383,24 +507,57 @@ def render(result: dict[str, Any]) -> str:
         "",
         f'Project commit `{result["git_commit"][:12]}` ("{result.get("commit_subject", "")}"); machine: {m["cpu_model"]}, {m["threads"]} threads, '
         f"Python {m['python']}; total wall time {result['wall_s']} s. Scratch clone, keys generated at run time "
-        "and deleted with it (`benchmarks/release_walkthrough.py`).",
+        "and deleted with it (`benchmarks/release_walkthrough.py`)"
+        + (f"; params set in the clone: `{result['overrides']}`" if result.get("overrides") else "")
+        + ".",
         "",
         "| step | batch | decision (rule), baseline | b/c | Δ | adapter sha256 | wall s |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in result["releases"]:
+        step, sha, wall = (
+            "gate",
+            "not releasable: the incumbent stays",
+            f"{r['repro_s']} (repro: {len(r['stages_run'])} stages)",
+        )
+        if r["released"]:
+            step, sha, wall = (
+                "gate + release",
+                f"`{r['released_sha256'][:16]}`",
+                f"{wall} + {r['release_s']} (release)",
+            )
         lines.append(
-            f"| gate + release | {r['batch']} | {r['decision']} (`{r['rule']}`), {r['baseline_reason']} | "
-            f"{r['b']}/{r['c']} | {r['delta']:+.3f} | `{r['released_sha256'][:16]}` | "
-            f"{r['repro_s']} (repro: {len(r['stages_run'])} stages) + {r['release_s']} (release) |"
+            f"| {step} | {r['batch']} | {r['decision']} (`{r['rule']}`), {r['baseline_reason']} | "
+            f"{r['b']}/{r['c']} | {r['delta']:+.3f} | {sha} | {wall} |"
         )
     rb = result.get("rollback")
-    if rb:
+    if rb and rb["to_batch"] == "base":
+        lines.append(
+            f"| rollback | {rb['from_batch']} → nothing released | the pointer names no batch; `clap serve` refuses: "
+            f"`{rb['serve_refused'][:160]}` | | | **{'as expected' if rb['equal'] else 'NOT AS EXPECTED'}** | {rb['wall_s']} |"
+        )
+    elif rb:
         lines.append(
             f"| rollback | {rb['from_batch']} → {rb['to_batch']} | restored from the DVC cache after deleting the folder "
             f"| | | `{rb['sha256_restored'][:16]}` (at release `{rb['sha256_at_release'][:16]}`): "
             f"**{'equal' if rb['equal'] else 'DIFFERENT'}** | {rb['wall_s']} |"
         )
+    trust = result.get("trust") or {}
+    if trust:
+        lines += [
+            "",
+            f"Keys: {' and '.join(trust['pinned'])} pinned outside the clone (`${ROOT_ENV}`); {trust['added']} added "
+            f"by both (`clap trust add`): {' / '.join(trust['trust_add_outputs'])}. "
+            f"{trust['intruder']}'s key is committed to `releases/trusted_keys/` and never trusted.",
+            "",
+            "Refused (exit status 2, rule as shown):",
+            "",
+        ]
+        lines += [
+            f"- {r['batch']}, {x['attempt']}: `{x['said'].splitlines()[-1][:300] if x['said'] else ''}`"
+            for r in result["releases"]
+            for x in r.get("refused", [])
+        ]
     lines += [
         "",
         "Served over HTTP (`clap serve`, one process per state; questions are the served batch's replay cases):",
@@ -439,17 +596,21 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--project", type=Path, default=ROOT)
-    p.add_argument("--first", default="2026-02", help="batch released first (against the base model)")
+    p.add_argument("--first", default="2026-01", help="batch released first (against the base model)")
     p.add_argument(
-        "--second", default="2026-01", help="batch released second (against the first as incumbent)"
+        "--second",
+        default="2026-02",
+        help="batch gated second, against the first in production; released when the gate allows it",
     )
     p.add_argument(
         "--questions", type=int, default=3, help="replay questions asked over HTTP per served state"
     )
+    add_set_argument(p, "release.rollback_to_base=true")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "release_walkthrough.md")
     p.add_argument("--keep", action="store_true", help="keep the scratch clone (and its private keys)")
     args = p.parse_args(argv)
     try:
+        args.overrides = parse_sets(args.sets)
         result = walkthrough(args)
     except LoopError as e:
         print(f"walkthrough failed: {e}", file=sys.stderr)
