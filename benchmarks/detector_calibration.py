@@ -537,6 +537,7 @@ def cmd_pool_report(args: argparse.Namespace) -> int:
         "commits": sorted({r["commit"] or "unknown" for r in rows}),
         "dates": sorted({r.get("date", "unknown") for r in runs}),
         "machines": sorted({r["machine"].split(", load")[0] for r in runs}),
+        "torch_threads": sorted({int(r.get("torch_threads") or 0) for r in runs}),
         "detector": dataclasses.asdict(dp),
         "probe_declared_splits": sorted({s for r in rows for s in (r["probe"] or ["unrecorded"])}),
         "detector_share_of_train_runtime_median": statistics.median(shares),
@@ -559,7 +560,8 @@ def render_pool(result: dict) -> str:
         "# The TBDL detector with the probe drawn from the training pool (issue 38)",
         "",
         f"Written by `{result['command']}` (commit {', '.join(result['commits'])}; {', '.join(result['dates'])}; "
-        f"{', '.join(result['machines'])}; runs two at a time, one torch thread each). Every run trains the "
+        f"{', '.join(result['machines'])}; torch threads per run: {', '.join(map(str, result['torch_threads']))}; "
+        "detector timings are not comparable across machines or thread counts). Every run trains the "
         "real base exactly as the train stage does with `stop_on_alarm` off, on a batch admitted by the code "
         "of that commit: the probe is a random part of the training pool (declared split of every probe item: "
         f"{', '.join(result['probe_declared_splits'])}). Constants: params `detector` ({d['process']}, clip "
