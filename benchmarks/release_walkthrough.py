@@ -262,7 +262,7 @@ def release(run: Runner, batch: str, tokens: dict[str, str], what: str, ok: tupl
     )
 
 
-def trust_ceremony(run: Runner, scratch: Path) -> dict[str, Any]:
+def trust_ceremony(run: Runner) -> dict[str, Any]:
     """Keys: two pinned approvers, a third added by both, and an intruder's key that counts for nothing."""
     fingerprints = {}
     for name in (*PINNED, ADDED, INTRUDER):
@@ -444,7 +444,7 @@ def walkthrough(args: argparse.Namespace, log=print) -> dict[str, Any]:
         if updates:
             set_params(scratch / "params.yaml", updates)
             commit_all(run, "params: " + " ".join(f"{k}={v}" for k, v in updates.items()))
-        result["trust"] = trust_ceremony(run, scratch)
+        result["trust"] = trust_ceremony(run)
         run([*CLAP, "signing-keygen"], "model-signing key (EC P-256)")
         for batch, approvers in zip((args.first, args.second), APPROVERS, strict=True):
             row = gate_and_release(run, scratch, batch, approvers, log)
