@@ -223,11 +223,15 @@ def _commit() -> str:
 
 
 def _lever(override: str) -> str:
-    """An override as the table shows it: ``key=value``, or ``task.answer: value first``."""
+    """An override as the table shows it: ``key=value``, ``task.answer: value first``, or
+    ``context: N docs (+ cue)``."""
     key, value = override.split("=", 1)
-    return (
-        f"{key}: value first" if key == "task.answer" and value.lstrip("{ ").startswith("value") else override
-    )
+    if key == "task.answer" and value.lstrip("{ ").startswith("value"):
+        return f"{key}: value first"
+    if key == "task.context":
+        spec = yaml.safe_load(value)
+        return f"context: {spec['docs']} docs" + (" + unit cue" if spec.get("cues") else "")
+    return override
 
 
 def _detector(p: dict[str, Any]) -> str:

@@ -540,6 +540,7 @@ REPORT_ANSWER = {
     },
     "slice_columns": ["source_system"],
     "show_doc_ids": True,
+    "context": {"docs": 0, "cues": []},
 }
 
 # A declared answer whose value is text (TAT-QA-shaped): a span of a financial report as it prints it
@@ -554,6 +555,7 @@ TEXT_ANSWER = {
     },
     "slice_columns": ["question_type", "source_system"],
     "show_doc_ids": True,
+    "context": {"docs": 0, "cues": []},
 }
 
 

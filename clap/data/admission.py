@@ -307,7 +307,7 @@ def reward_table(
         else ["other"] * len(records)
     )
     for row, other in zip(records, others):
-        gold, ctx = gold_of(row, schema), context_text(item_docs(row, bodies))
+        gold, ctx = gold_of(row, schema), context_text(item_docs(row, bodies, schema.context))
         texts = {
             "reference": format_answer(gold, schema),
             **perturbed_answers(row, schema, domain, bodies, vocab, other),

@@ -36,7 +36,7 @@ from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
 from clap.params import bad_param, check_keys
 from clap.release.registry import verify_pointer
-from clap.task.answer import AnswerSchema, gold_of
+from clap.task.answer import EVERY_DOC, AnswerSchema, ContextSpec, gold_of
 from clap.task.context import item_docs, kb_bodies
 from clap.task.prompt import build_messages
 from clap.task.scoring import ScoringParams, context_text, parse_answer, score_item
@@ -170,10 +170,12 @@ def model_specs(adapter_dir: Path | str, incumbent: ModelSpec | None) -> list[Mo
     return specs
 
 
-def item_contexts(items: pd.DataFrame, kb: pd.DataFrame) -> list[list[tuple[str, str]]]:
-    """The context documents of each eval item, in item order."""
+def item_contexts(
+    items: pd.DataFrame, kb: pd.DataFrame, spec: ContextSpec = EVERY_DOC
+) -> list[list[tuple[str, str]]]:
+    """The context documents each eval item shows (``spec``: params ``task.context``), in item order."""
     bodies = kb_bodies(kb)
-    return [item_docs(row, bodies) for row in items.to_dict("records")]
+    return [item_docs(row, bodies, spec) for row in items.to_dict("records")]
 
 
 def _as_text(value: Any) -> str | None:
@@ -333,7 +335,7 @@ def evaluate(
     columns = scored_columns(sp.answer) + answer_metric_columns(p.answer_metric)
     if items.empty:
         return pd.DataFrame(columns=columns), pd.DataFrame(columns=TIMING_COLUMNS), {}
-    docs = item_contexts(items, kb)
+    docs = item_contexts(items, kb, sp.answer.context)
     chats = [build_messages(q, d, sp.answer) for q, d in zip(items["question"], docs)]
     contexts = [context_text(d) for d in docs]
     scored, timed, diagnostics, constrainers = [], [], {}, {}

@@ -46,6 +46,18 @@ class AnswerField:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContextSpec:
+    """Params ``task.context``: ``docs`` 0 shows every document an item cites, N > 0 the N its question
+    ranks highest plus the best match of ``cues`` (words of a context-wide convention, e.g. a unit)."""
+
+    docs: int = 0
+    cues: tuple[str, ...] = ()
+
+
+EVERY_DOC = ContextSpec()  # every cited document shown (the default)
+
+
+@dataclasses.dataclass(frozen=True)
 class AnswerSchema:
     """The declared answer: its fields in emission order, the instruction and the extra slice columns."""
 
@@ -55,6 +67,9 @@ class AnswerSchema:
         str, ...
     ]  # item columns results are also broken down by (e.g. source, question type)
     show_doc_ids: bool = True  # each context document is shown after its ``[doc_id]`` (else its text only)
+    context: ContextSpec = (
+        ContextSpec()
+    )  # which of an item's cited documents a prompt shows (clap/task/context.py)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -125,49 +140,16 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
     Raises:
         ClapError: naming params.yaml and the dotted key of the first problem.
     """
-    top = ("instruction", "answer", "slice_columns", "show_doc_ids")
+    top = ("instruction", "answer", "slice_columns", "show_doc_ids", "context")
     if not isinstance(raw, dict) or set(raw) != set(top):
         raise bad_param(
             stray_key(where, raw, top),
-            f"{where} must have exactly the keys instruction, answer, slice_columns, show_doc_ids",
+            f"{where} must have exactly the keys {', '.join(top)}",
         )
     answer = raw["answer"]
     if not isinstance(answer, dict) or not answer:
         raise bad_param(f"{where}.answer", f"{where}.answer must map field names to their declarations")
-    fields = []
-    for name, decl in answer.items():
-        at = f"{where}.answer.{name}"
-        if (
-            not isinstance(decl, dict)
-            or not {"role", "weight"} <= set(decl)
-            or set(decl) - {"role", "type", "weight", "note", "of"}
-        ):
-            raise bad_param(
-                stray_key(at, decl, ("role", "weight"), ("type", "note", "of")),
-                f"{at} must be a mapping with role and weight (and type, note, of)",
-            )
-        role = decl["role"]
-        kind = decl.get("type", {"evidence": "text", "unit": "vocabulary"}.get(role, ""))
-        if role not in ROLES:
-            raise bad_param(f"{at}.role", f"{at}.role {role!r} is not one of {list(ROLES)}")
-        if kind not in TYPES:
-            raise bad_param(f"{at}.type", f"{at}.type {kind!r} is not one of {list(TYPES)}")
-        if role == "value" and kind not in VALUE_TYPES:
-            raise bad_param(
-                f"{at}.type", f"{at}: a value is of type {' or '.join(VALUE_TYPES)} (type {kind!r})"
-            )
-        if role != "value" and kind == "number":
-            raise bad_param(
-                f"{at}.type", f"{at}: a {role} field is compared as a label: type vocabulary, date or text"
-            )
-        weight = decl["weight"]
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise bad_param(f"{at}.weight", f"{at}.weight must be a number >= 0")
-        fields.append(
-            AnswerField(
-                str(name), role, kind, float(weight), str(decl.get("note", "")), str(decl.get("of", ""))
-            )
-        )
+    fields = [_field(str(name), decl, f"{where}.answer.{name}") for name, decl in answer.items()]
     counts = {r: sum(f.role == r for f in fields) for r in ROLES}
     if counts["value"] != 1 or counts["evidence"] != 1 or counts["unit"] > 1:
         raise bad_param(
@@ -194,7 +176,54 @@ def parse_answer_schema(raw: Any, where: str = "task") -> AnswerSchema:
         raise bad_param(f"{where}.slice_columns", f"{where}.slice_columns must be a list of item columns")
     if not isinstance(raw["show_doc_ids"], bool):
         raise bad_param(f"{where}.show_doc_ids", f"{where}.show_doc_ids must be true or false")
-    return AnswerSchema(str(raw["instruction"]).strip(), tuple(fields), tuple(extra), raw["show_doc_ids"])
+    return AnswerSchema(
+        str(raw["instruction"]).strip(),
+        tuple(fields),
+        tuple(extra),
+        raw["show_doc_ids"],
+        _context(raw["context"], where),
+    )
+
+
+def _field(name: str, decl: Any, at: str) -> AnswerField:
+    """One declared answer field (params ``task.answer.<name>``, at ``at``), checked."""
+    if (
+        not isinstance(decl, dict)
+        or not {"role", "weight"} <= set(decl)
+        or set(decl) - {"role", "type", "weight", "note", "of"}
+    ):
+        raise bad_param(
+            stray_key(at, decl, ("role", "weight"), ("type", "note", "of")),
+            f"{at} must be a mapping with role and weight (and type, note, of)",
+        )
+    role = decl["role"]
+    kind = decl.get("type", {"evidence": "text", "unit": "vocabulary"}.get(role, ""))
+    if role not in ROLES:
+        raise bad_param(f"{at}.role", f"{at}.role {role!r} is not one of {list(ROLES)}")
+    if kind not in TYPES:
+        raise bad_param(f"{at}.type", f"{at}.type {kind!r} is not one of {list(TYPES)}")
+    if role == "value" and kind not in VALUE_TYPES:
+        raise bad_param(f"{at}.type", f"{at}: a value is of type {' or '.join(VALUE_TYPES)} (type {kind!r})")
+    if role != "value" and kind == "number":
+        raise bad_param(
+            f"{at}.type", f"{at}: a {role} field is compared as a label: type vocabulary, date or text"
+        )
+    weight = decl["weight"]
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+        raise bad_param(f"{at}.weight", f"{at}.weight must be a number >= 0")
+    return AnswerField(name, role, kind, float(weight), str(decl.get("note", "")), str(decl.get("of", "")))
+
+
+def _context(raw: Any, where: str) -> ContextSpec:
+    at = f"{where}.context"
+    if not isinstance(raw, dict) or set(raw) != {"docs", "cues"}:
+        raise bad_param(stray_key(at, raw, ("docs", "cues")), f"{at} must have exactly the keys docs, cues")
+    docs, cues = raw["docs"], raw["cues"]
+    if isinstance(docs, bool) or not isinstance(docs, int) or docs < 0:
+        raise bad_param(f"{at}.docs", f"{at}.docs must be an integer >= 0 (0: every document)")
+    if not isinstance(cues, list) or not all(isinstance(c, str) and c.strip() for c in cues):
+        raise bad_param(f"{at}.cues", f"{at}.cues must be a list of words")
+    return ContextSpec(docs, tuple(cues))
 
 
 def load_answer_schema(path: Path | str = PARAMS) -> AnswerSchema:

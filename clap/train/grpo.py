@@ -87,9 +87,8 @@ def probe_rows(items: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) -> l
     bodies = kb_bodies(kb)
     rows = []
     for row in items.to_dict("records"):
-        docs = item_docs(
-            row, bodies
-        )  # the reference is admit's: the answer its reward-margin check ranks first
+        # the reference is admit's: the answer its reward-margin check ranks first
+        docs = item_docs(row, bodies, schema.context)
         rows.append(
             {
                 "prompt": build_messages(row["question"], docs, schema),

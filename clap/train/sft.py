@@ -117,7 +117,9 @@ def build_examples(items: pd.DataFrame, kb: pd.DataFrame, schema: AnswerSchema) 
     """Conversational prompt/completion examples for admitted items (context from the KB)."""
     bodies = kb_bodies(kb)
     return [
-        build_example(row["question"], item_docs(row, bodies), {k: row[k] for k in schema.names}, schema)
+        build_example(
+            row["question"], item_docs(row, bodies, schema.context), {k: row[k] for k in schema.names}, schema
+        )
         for row in items.to_dict("records")
     ]
 

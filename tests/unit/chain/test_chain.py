@@ -105,6 +105,7 @@ def test_the_space_s_declared_answer_shapes_prompt_and_parsing(kb, monkeypatch):
             },
             "slice_columns": [],
             "show_doc_ids": True,
+            "context": {"docs": 0, "cues": []},
         }
     )
     text = '{"row": "oee", "period": "2026-01-15", "metric": "oee", "evidence": "x", "value": 86}'

@@ -320,6 +320,7 @@ REPORT = parse_answer_schema(
         },
         "slice_columns": [],
         "show_doc_ids": True,
+        "context": {"docs": 0, "cues": []},
     }
 )
 REPORT_SP = ScoringParams(0.001, 0.01, REPORT)

@@ -96,6 +96,7 @@ THIRD_TASK = {
     },
     "slice_columns": ["question_type"],
     "show_doc_ids": True,
+    "context": {"docs": 0, "cues": []},
 }
 THIRD_ANSWER = parse_answer_schema(THIRD_TASK)
 DEMO_ANSWER = load_answer_schema(ROOT / "params.yaml")

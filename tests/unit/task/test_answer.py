@@ -119,6 +119,12 @@ BAD = [
     (_with(("slice_columns",), "source_system"), "task.slice_columns"),
     (_with(("instruction",), None), "task.instruction"),
     (_with(("show_doc_ids",), "yes"), "task.show_doc_ids"),
+    (_with(("context", "docs"), -1), "task.context.docs"),  # 0 (every document) or a positive count
+    (_with(("context", "docs"), 2.5), "task.context.docs"),
+    (_with(("context", "docs"), True), "task.context.docs"),
+    (_with(("context", "cues"), "thousands"), "task.context.cues"),  # a list of words
+    (_with(("context", "cues"), [""]), "task.context.cues"),
+    (_with(("context", "colour"), 1), "task.context.colour"),
 ]
 
 
