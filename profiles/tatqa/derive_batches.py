@@ -6,9 +6,9 @@ SOURCE is TAT-QA's ``tatqa_dataset_dev.json`` (checked against its sha256; a cop
 ``profiles/tatqa/source/tatqa_dataset_dev.json``). Writes, in TAT-QA's own unchanged schema (a list of
 contexts), one ``reports.json`` per batch folder under OUT_RAW:
 
-- ``reports-a``, ``reports-b``, ``reports-c``: a partition of the source contexts into three disjoint
-  groups of about equal size, in source order. Contexts that look cut from one report (``linked_groups``:
-  the same table uid, an identical paragraph text, or two or more identical distinctive numbers in their
+- ``reports-a``, ``reports-b``: a partition of the source contexts into two disjoint groups of about
+  equal size, in source order. Contexts that look cut from one report (``linked_groups``: the same
+  table uid, an identical paragraph text, or two or more identical distinctive numbers in their
   tables) always land in the same group.
 - ``reports-b-wrongcell``: a copy of ``reports-b`` in which every TRAINING single span (``split_of``;
   answer_type ``span``, any answer_from) that is a whole data-row cell answers with the cell of the same
@@ -37,9 +37,9 @@ from pathlib import Path
 
 SOURCE_SHA256 = "8da095a819af6db3c14877c6df2d4d29960e41d1a63dd1fa853507bd2a616af5"
 SEED = 20260305
-SHARES = {"train": 0.55, "eval": 0.30, "replay": 0.15}
+SHARES = {"train": 0.50, "eval": 0.35, "replay": 0.15}
 SPLITS = ("train", "eval", "replay")
-GROUPS = ("reports-a", "reports-b", "reports-c")
+GROUPS = ("reports-a", "reports-b")
 WRONGCELL = "reports-b-wrongcell"
 WRONGCELL_FROM = "reports-b"
 BATCH_FILE = "reports.json"

@@ -1,5 +1,5 @@
 """profiles/tatqa: the committed TAT-QA batches are what derive_batches.py derives from the committed source;
-a/b/c partition the source; the wrong-cell copy differs from reports-b only in corrupted training answers."""
+a/b partition the source; the wrong-cell copy differs from reports-b only in corrupted training answers."""
 
 from __future__ import annotations
 
@@ -7,16 +7,18 @@ import hashlib
 import importlib.util
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "profiles" / "tatqa"
 SOURCE = PROFILE / "source" / "tatqa_dataset_dev.json"
 RAW = PROFILE / "data" / "raw"
 MANIFEST = PROFILE / "corruption_manifest.json"
-GROUPS = ("reports-a", "reports-b", "reports-c")
+GROUPS = ("reports-a", "reports-b")
 WRONGCELL = "reports-b-wrongcell"
 
 
@@ -32,7 +34,7 @@ D = _load_script()
 
 def _split(table_uid: str) -> str:
     """The pipeline's split rule, written out again (not D.split_of)."""
-    seed, shares = 20260305, {"train": 0.55, "eval": 0.30, "replay": 0.15}
+    seed, shares = 20260305, {"train": 0.50, "eval": 0.35, "replay": 0.15}
     u = int.from_bytes(hashlib.sha256(f"{seed}:{table_uid}".encode()).digest()[:8], "big") / 2**64
     return "train" if u < shares["train"] else "eval" if u < shares["train"] + shares["eval"] else "replay"
 
@@ -72,7 +74,26 @@ def test_split_rule_is_the_pipelines(source):
     assert all(D.split_of(c["table"]["uid"]) == _split(c["table"]["uid"]) for c in source)
 
 
-def test_abc_partition_the_source_unchanged_and_in_order(source, batches):
+def test_split_rule_is_the_one_params_yaml_declares():
+    declared = yaml.safe_load((PROFILE / "params.yaml").read_text(encoding="utf-8"))
+    split = declared["assetize"]["sources"]["questions"]["fields"]["split"]
+    assert split == {"hash": "^.table.uid", "seed": D.SEED, "shares": D.SHARES}
+    assert list(split["shares"]) == list(D.SPLITS)  # cumulative in this order, as split_of reads them
+    assert declared["batches"] == [*GROUPS, WRONGCELL]
+
+
+def test_each_clean_batch_holds_enough_held_out_single_spans(batches):
+    for name in GROUPS:
+        spans = Counter(
+            _split(c["table"]["uid"])
+            for c in batches[name]
+            for q in c["questions"]
+            if q["answer_type"] == "span"
+        )
+        assert spans["eval"] >= 105, (name, spans)
+
+
+def test_ab_partition_the_source_unchanged_and_in_order(source, batches):
     index = {c["table"]["uid"]: i for i, c in enumerate(source)}
     assert len(index) == len(source) == 278
     seen: list[int] = []
@@ -81,7 +102,7 @@ def test_abc_partition_the_source_unchanged_and_in_order(source, batches):
         assert ix == sorted(ix), f"{name} keeps source order"
         assert all(c == source[i] for c, i in zip(batches[name], ix)), f"{name} contexts are unchanged"
         seen += ix
-    assert sorted(seen) == list(range(len(source)))  # each context in exactly one of a/b/c
+    assert sorted(seen) == list(range(len(source)))  # each context in exactly one of a/b
     sizes = [len(batches[name]) for name in GROUPS]
     assert max(sizes) - min(sizes) <= 3
 
@@ -132,7 +153,7 @@ def test_wrongcell_changes_only_training_span_answers_to_other_verbatim_facts(ba
                 assert old.strip() in para["text"] and new in para["text"]
                 assert D.is_number(old) and not re.fullmatch(r"(19|20)\d\d", new.strip("()$€£%"))
     assert changed == set(by_uid)
-    assert kinds == {"cell": 45, "paragraph_number": 6}
+    assert kinds == {"cell": 38, "paragraph_number": 8}
 
 
 def test_every_corruptible_training_question_was_corrupted_or_accounted_for(batches):
@@ -154,8 +175,8 @@ def test_readme_table_matches_the_batches(batches):
     n_corrupted = len(json.loads(MANIFEST.read_text(encoding="utf-8"))["corrupted"])
     assert table == D.stats_table(batches, {WRONGCELL: n_corrupted})
     rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in table.splitlines()[2:]}
-    assert sum(int(x) for x in rows["contexts"][:3]) == 278
-    assert sum(int(x) for x in rows["questions"][:3]) == 1668
+    assert sum(int(x) for x in rows["contexts"][: len(GROUPS)]) == 278
+    assert sum(int(x) for x in rows["questions"][: len(GROUPS)]) == 1668
 
 
 def test_attribution_and_license_ship_with_the_data():

@@ -277,7 +277,7 @@ def test_tatqa_report_file_sniffs_as_declared_and_reads_the_same(tmp_path, monke
 
     # assetize runs on the draft as written, with TAT-QA's task (the profile it extends)
     m, got = _assetize_draft(batch, tmp_path, monkeypatch)
-    assert m["conservation_ok"] and m["rows_in"] == 1794
+    assert m["conservation_ok"] and m["rows_in"] == 2714
     assert len(got.assets["kb"]) == len(want.assets["kb"])
     n_items = sum(len(got.assets[a]) for a in ("sft", "eval", "replay"))
     assert n_items == sum(len(want.assets[a]) for a in ("sft", "eval", "replay"))
