@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> None:
         point = {
             "n_train": n,
             "n_heldout": len(held),
+            "train_pool": len(order),
             "probe_items": int(min(steps, len(order) - n)),
             "base": quality_numbers(base_eval[0], "base"),
             "candidate": cand_scored,
@@ -262,7 +263,8 @@ def report(args: argparse.Namespace) -> None:
     lines = [
         "# TAT-QA learning curve (issue 37)",
         "",
-        f"Commit {', '.join(head['commit'])}; {head['date']}; {head['machine']}, 2 cores; `{head['command']}`.",
+        f"Commits {', '.join(head['commit'])}; reported {head['date']}; 2 cores, the machine of each point in its row; "
+        f"`{head['command']}`.",
         "",
         f"Training items: the first n of one seeded permutation of the train splits of {', '.join(BATCHES)} "
         "(nested: each point adds items), one epoch, the profile's params otherwise; held-out: "
@@ -270,20 +272,23 @@ def report(args: argparse.Namespace) -> None:
         "every point and for the base. The quality rule is the gate's own (one-sided exact McNemar p < alpha, "
         f"gain >= delta*, lower bound >= lcb_floor); its power at a true gain of delta* at this N: "
         f"{p0['rule_power_at_delta_star']:.2f}. Wall times ran beside other work on the machine "
-        "(the load is in each point's `machine`); compare them within a row, not across sessions.",
+        "(the load is in each point's `machine`); compare them within a row, not across sessions. Every point so far "
+        "pooled the three-group derivation's reports-a and reports-b (before commit c751fa9 re-derived two larger "
+        "groups); the points of commit aad7a43 ran on its tree before it was committed, the context knob then named "
+        "`task.context_docs`.",
         "",
-        "| levers | training items | steps | base EM / F1 / pass | candidate EM / F1 / pass | wrong fact | b / c | p "
-        "| quality rule | detector max log E (checks) | train s | eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| levers | training items (of pool) | steps | base EM / F1 / pass | candidate EM / F1 / pass | wrong fact "
+        "| b / c | p | quality rule | detector max log E (checks) | train s | eval s | machine |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         b, c = p["base"], p["candidate"]
         lever = "; ".join(_lever(o) for o in p["overrides"]) or "profile defaults"
         lines.append(
-            f"| {lever} | {p['n_train']} | {p['steps']} | {b['em']:.3f} / {b['f1']:.3f} / {b['pass']:.3f} | "
+            f"| {lever} | {p['n_train']} ({p.get('train_pool', 'n/a')}) | {p['steps']} | {b['em']:.3f} / {b['f1']:.3f} / {b['pass']:.3f} | "
             f"{c['em']:.3f} / {c['f1']:.3f} / {c['pass_rate']:.3f} | {c['wrong_fact_rate']:.2f} | {p['b']} / {p['c']} | "
             f"{p['pvalue']:.3g} | {'passed' if p['learned'] else 'failed'} | {_detector(p)} | "
-            f"{p['train_s']:.0f} | {p['eval_s']:.0f} |"
+            f"{p['train_s']:.0f} | {p['eval_s']:.0f} | {p['machine'].split(',')[0]} |"
         )
     (RESULTS / "tatqa_learning_curve.md").write_text("\n".join(lines) + "\n")
 
