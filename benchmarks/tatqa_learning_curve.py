@@ -55,13 +55,13 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def prepare(work: Path, overrides: list[str]) -> tuple[Path, list[Path]]:
     """A scratch project (the profile's params with ``overrides``) and each batch admitted there whole:
     D_sft + probe = the batch's train split, eval = its eval split."""
+    from clap import io
     from clap import params as cparams
 
     params = cparams.load(PROFILE / "params.yaml")  # the override merged onto the root's: a whole params file
     for item in overrides:
         key, value = item.split("=", 1)
         _set(params, key, yaml.safe_load(value))
-    pools = {b: json.loads((PROFILE / "metrics" / "admit" / f"{b}.json").read_text()) for b in BATCHES}
     dirs = []
     for b in BATCHES:
         project = work / "prep" / b
@@ -69,13 +69,16 @@ def prepare(work: Path, overrides: list[str]) -> tuple[Path, list[Path]]:
         raw = project / "data" / "raw"
         if not raw.exists():
             raw.symlink_to(PROFILE / "data" / "raw")
-        probe = params["sizes"]["probe"]
-        params["sizes"].update(sft=pools[b]["pool_sft"] - probe, eval=pools[b]["pool_eval"])
-        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         steps = [("assetize", f"data/raw/{b}", f"data/assets/{b}"),
                  ("normalize", f"data/assets/{b}", f"data/normalized/{b}"),
                  ("admit", f"data/normalized/{b}", f"data/admitted/{b}")]  # fmt: skip
         for name, src, out in steps:
+            if (
+                name == "admit"
+            ):  # every normalized item: D_sft + probe = the train split, eval = the eval split
+                pool = {k: len(io.read_parquet(project / src / f"{k}.parquet")) for k in ("sft", "eval")}
+                params["sizes"].update(sft=pool["sft"] - params["sizes"]["probe"], eval=pool["eval"])
+            (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
             if not (project / out).exists():
                 cmd = [sys.executable, str(ROOT / "stages" / f"{name}.py"), src, out, f"{name}.json"]
                 subprocess.run(cmd, cwd=project, check=True)
