@@ -63,9 +63,8 @@ def _scores(query: str, docs: list[tuple[str, str]]) -> np.ndarray:
     the query or the documents have no word outside the stopwords)."""
     import bm25s
 
-    logging.getLogger("bm25s").setLevel(
-        logging.WARNING
-    )  # bm25s sets DEBUG: one "Building index" line per item
+    # bm25s sets DEBUG: one "Building index" line per item
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
     corpus = bm25s.tokenize([text for _, text in docs], stopwords="en", return_ids=False, show_progress=False)
     words = bm25s.tokenize(query, stopwords="en", return_ids=False, show_progress=False)[0]
     if not words or not any(corpus):

@@ -144,7 +144,7 @@ def test_profile_stage_params_cover_what_they_inherit():
 
 
 @pytest.mark.parametrize("params_file", [ROOT / "params.yaml", TATQA / "params.yaml"], ids=["demo", "tatqa"])
-def test_every_profile_checks_every_training_step_enough_to_alarm(params_file):
+def test_every_profile_checks_its_training_often_enough_to_alarm(params_file):
     """The probe pool follows from the run: one fresh draw per optimizer step where the pool holds enough
     items (else one per check, spread over the run, never two at one step), and at least as many checks
     as the pre-registered constants need to alarm at all, also for a batch admitted with the fewest probe
