@@ -12,9 +12,9 @@ contexts), one ``reports.json`` per batch folder under OUT_RAW:
   tables) always land in the same group.
 - ``reports-b-wrongcell``: a copy of ``reports-b`` in which every TRAINING single span (``split_of``;
   answer_type ``span``, any answer_from) that is a whole data-row cell answers with the cell of the same
-  column in another data row (``wrong_cell``), and one that is a number printed in a paragraph with
-  another number of that paragraph (``wrong_number``): still verbatim in the report, but the wrong fact.
-  Nothing else changes.
+  column in another data row (``wrong_cell``), one that is a number printed in a paragraph with another
+  number of that paragraph (``wrong_number``), and any other with another question's single span of the
+  same context (``wrong_span``): still verbatim in the report, but the wrong fact. Nothing else changes.
 
 What was corrupted (question uid, old and new answer, the cells) goes to ``--manifest`` (default
 ``profiles/tatqa/corruption_manifest.json``). ``--table`` prints the per-batch counts (the table in
@@ -217,7 +217,7 @@ def wrong_cell(table: list[list[str]], r: int, k: int) -> tuple[int, str] | None
 
 
 def corruptible(question: dict) -> bool:
-    """A single span (the kind the wrong-cell copy corrupts when it is a data cell or a number in a paragraph)."""
+    """A single span: the kind the wrong-cell copy corrupts (answers that are lists or computed are not)."""
     return question["answer_type"] == "span"
 
 
@@ -246,18 +246,34 @@ def wrong_number(paragraphs: list[dict], answer: str) -> tuple[int, str] | None:
     return None
 
 
+def wrong_span(spans: list[tuple[str, str]], uid: str) -> tuple[str, str] | None:
+    """(question uid, answer) of the next single span of the same context after question ``uid`` (in question
+    order, wrapping around; gold answers) that neither contains nor is contained in its answer: another fact
+    this report states verbatim (a policy's wording, a year, a name), for a span that is no data cell and no
+    number in a paragraph. None if the context has no such other answer."""
+    pos = [u for u, _ in spans].index(uid)
+    old = spans[pos][1]
+    for u, ans in spans[pos + 1 :] + spans[:pos]:
+        if ans and old not in ans and ans not in old:
+            return u, ans
+    return None
+
+
 def corrupt(contexts: list[dict]) -> tuple[list[dict], list[dict], Counter]:
     """(corrupted deep copy, manifest entries, why-not counts) for the wrong-cell batch.
 
     A training single span that is a whole data-row cell answers with the same column's cell of
     another row (``wrong_cell``); one that is a number printed in a paragraph answers with another
-    number of that paragraph (``wrong_number``). Both stay verbatim in the report; both are the wrong
-    fact (a cell in the column's unit; a paragraph number possibly in another unit).
+    number of that paragraph (``wrong_number``); any other one answers with another single span of
+    the same context (``wrong_span``: the answer to another of its questions). All stay verbatim in
+    the report; all are the wrong fact (a cell in the column's unit; a paragraph number possibly in
+    another unit; another question's answer).
     """
     out, manifest, skipped = copy.deepcopy(contexts), [], Counter()
     for c in out:
         table = c["table"]["table"]
         split = split_of(c["table"]["uid"])
+        spans = [(q["uid"], q["answer"][0].strip()) for q in c["questions"] if corruptible(q)]
         for q in c["questions"]:
             if not corruptible(q):
                 continue
@@ -270,20 +286,15 @@ def corrupt(contexts: list[dict]) -> tuple[list[dict], list[dict], Counter]:
             if new is not None:
                 q["answer"] = [new[1]]
                 where = {"kind": "cell", "old_cell": list(cell), "new_cell": [new[0], cell[1]]}
-            else:
-                number = wrong_number(c["paragraphs"], old)
-                if number is None:
-                    in_header = any(x.strip() == old.strip() for row in table for x in row)
-                    skipped[
-                        "train, a header cell (years of comparison questions)"
-                        if in_header
-                        else "train, a column with no other value"
-                        if cell is not None
-                        else "train, neither a data cell nor a number in a paragraph"
-                    ] += 1
-                    continue
+            elif (number := wrong_number(c["paragraphs"], old)) is not None:
                 q["answer"] = [number[1]]
                 where = {"kind": "paragraph_number", "paragraph_order": number[0]}
+            elif (span := wrong_span(spans, q["uid"])) is not None:
+                q["answer"] = [span[1]]
+                where = {"kind": "other_answer", "answer_of": span[0]}
+            else:
+                skipped["train, no other verbatim fact in its context"] += 1
+                continue
             manifest.append(
                 {
                     "question_uid": q["uid"],
@@ -329,7 +340,8 @@ def derive(contexts: list[dict]) -> tuple[dict[str, list[dict]], dict]:
             "(whitespace-stripped) to a data-row cell answers with the cell of the same column in the next "
             "data row (wrapping) holding a different non-empty value (neither containing the other); else a "
             "number (as printed) in a paragraph answers with the next other number of that paragraph "
-            "(wrapping; not a bare year, neither containing the other)"
+            "(wrapping; not a bare year, neither containing the other); else the gold answer of the next "
+            "single-span question of the same context (wrapping; neither containing the other)"
         ),
         "split_rule": {"seed": SEED, "shares": SHARES},
         "attribution": ATTRIBUTION,

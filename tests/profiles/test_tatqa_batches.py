@@ -122,7 +122,7 @@ def test_wrongcell_changes_only_training_span_answers_to_other_verbatim_facts(ba
     by_uid = {e["question_uid"]: e for e in manifest["corrupted"]}
     orig, bad = batches["reports-b"], batches[WRONGCELL]
     assert len(orig) == len(bad)
-    changed, kinds = set(), {"cell": 0, "paragraph_number": 0}
+    changed, kinds = set(), {"cell": 0, "paragraph_number": 0, "other_answer": 0}
     for c, w in zip(orig, bad):
         assert {k: v for k, v in c.items() if k != "questions"} == {
             k: v for k, v in w.items() if k != "questions"
@@ -148,12 +148,16 @@ def test_wrongcell_changes_only_training_span_answers_to_other_verbatim_facts(ba
                 assert table[r][k].strip() == old.strip() and table[r2][k2].strip() == new
                 assert k2 == k and r2 != r, "same column, another row"
                 assert r >= D.header_rows(table) and r2 >= D.header_rows(table), "data rows"
-            else:  # another number printed in the paragraph that holds the old one: still verbatim
+            elif e["kind"] == "paragraph_number":  # another number of the paragraph holding the old one
                 (para,) = [p for p in c["paragraphs"] if p["order"] == e["paragraph_order"]]
                 assert old.strip() in para["text"] and new in para["text"]
                 assert D.is_number(old) and not re.fullmatch(r"(19|20)\d\d", new.strip("()$€£%"))
+            else:  # the gold answer of another single-span question of the same context
+                (other,) = [o for o in c["questions"] if o["uid"] == e["answer_of"]]
+                assert other["uid"] != q["uid"] and other["answer_type"] == "span"
+                assert other["answer"][0].strip() == new
     assert changed == set(by_uid)
-    assert kinds == {"cell": 38, "paragraph_number": 8}
+    assert kinds == {"cell": 38, "paragraph_number": 8, "other_answer": 115}
 
 
 def test_every_corruptible_training_question_was_corrupted_or_accounted_for(batches):
