@@ -61,7 +61,9 @@ SETS = ("calibration", "validation", "validation2", "pool")
 POOL_RUNS = ROOT / "benchmarks/results/detector_pool_runs"
 POOL_OUT = ROOT / "benchmarks/results/detector_pool"
 # the targets are about severe faults: relabel, and as_is on a corrupted batch (the demo's wrong column 2026-03);
-# corrupted batches whose fault is subtle: TAT-QA's wrong-cell copy (51 of 324 training answers another verbatim fact)
+# corrupted batches whose fault is subtle in the kept runs of detector_runs/ (made when TAT-QA's wrong-cell copy
+# answered 51 of 324 training items with another verbatim fact; a run of today's copy, 161 of 165 spans, is `as_is`:
+# a delivery-wide fault, counted apart by `_kind`)
 SUBTLE_BATCHES = ("reports-b-wrongcell",)
 
 
