@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 UV     := $(BIN)/uv pip install --python $(BIN)/python -q
 
-.PHONY: install install-cuda lint demo tatqa test test-fast clean-venv
+.PHONY: install install-cuda lint demo tatqa test test-heavy test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,9 +50,15 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # two workers (the machines have 2 cores; torch runs one thread per test process): tests/conftest.py makes each
-# test file one work unit and every test on the shared tiny `dvc repro` one more
+# test file one work unit and every test on the shared tiny `dvc repro` one more.
+# Two tiers, both run by CI (.ci/run): `test` is everything but the `heavy` end-to-end runs (each re-runs a
+# whole tiny chain or more beyond the shared one); `test-heavy` is those
+PYTEST := PATH=$(abspath $(BIN)):$$PATH OMP_NUM_THREADS=1 python -m pytest -n 2 --dist loadgroup
 test: lint
-	PATH=$(abspath $(BIN)):$$PATH OMP_NUM_THREADS=1 python -m pytest -n 2 --dist loadgroup
+	$(PYTEST) -m "not heavy"
+
+test-heavy: install
+	$(PYTEST) -m heavy
 
 # everything but the `slow` end-to-end runs (dvc repro on a tiny config): for local iteration
 test-fast: lint

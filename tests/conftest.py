@@ -1,8 +1,8 @@
 """Shared fixtures.
 
 ``tiny_base``: a tiny random llama saved exactly like ``models/base`` (safetensors, config,
-the real SmolLM2 tokenizer and chat template), built once per test session (~15 s, most of
-it reading the tokenizer out of the GGUF). Use it wherever a test needs a model folder::
+the real SmolLM2 tokenizer and chat template), built once per run (make test's workers share it).
+Use it wherever a test needs a model folder::
 
     def test_x(tiny_base):
         model = clap.model.base.load_model(tiny_base)
@@ -88,9 +88,20 @@ def make_tiny_base(out_dir: Path | str, seed: int) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory) -> Path:
-    """Path of the session's tiny base model folder (read-only)."""
-    return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
+def tiny_base(tmp_path_factory, worker_id) -> Path:
+    """Path of the session's tiny base model folder (read-only). Under xdist (make test) the workers share
+    one: the first to ask builds it in their common temporary root (most of the build is reading the
+    tokenizer out of the GGUF), the others wait on the lock and take it."""
+    if worker_id == "master":  # no xdist: this session's own folder
+        return make_tiny_base(tmp_path_factory.mktemp("tiny_base") / "base", seed=TINY_SEED)
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # this run's root, one per `pytest -n` invocation
+    out = shared / "tiny_base" / "base"
+    with FileLock(str(shared / "tiny_base.lock")):
+        if not out.exists():  # written atomically: a folder that exists is complete
+            make_tiny_base(out, seed=TINY_SEED)
+    return out
 
 
 @pytest.fixture(scope="module")

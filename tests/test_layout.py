@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 
@@ -206,10 +207,11 @@ def test_make_tests_work_units_keep_a_file_on_one_worker(tmp_path):
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     for name in ("test_a.py", "test_b.py"):
         (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n\n\n" for i in range(8)))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-vv", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
+    done = subprocess.run(  # xdist alone: loading every installed plugin in three processes is most of the time
+        [sys.executable, "-m", "pytest", "-p", "xdist", "-n", "2", "--dist", "loadgroup", "-vv",
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     workers: dict[str, set[str]] = {}
@@ -217,3 +219,22 @@ def test_make_tests_work_units_keep_a_file_on_one_worker(tmp_path):
         workers.setdefault(file, set()).add(worker)
     assert set(workers) == {"test_a.py", "test_b.py"}, done.stdout[-2000:]
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_ci_runs_both_test_tiers_and_they_split_the_suite():
+    """`make test` leaves out the `heavy` end-to-end tier and `make test-heavy` runs exactly that tier; CI runs
+    both, so no test is left out of CI. A heavy module is also `slow` (make test-fast skips it)."""
+    make = (ROOT / "Makefile").read_text()
+    recipes = dict(re.findall(r"^([\w-]+):[^\n]*\n\t([^\n]*)", make, re.M))
+    pytest_cmd = re.search(r"^PYTEST := (.*)$", make, re.M).group(1)
+    assert "-n 2 --dist loadgroup" in pytest_cmd
+    assert recipes["test"] == '$(PYTEST) -m "not heavy"' and recipes["test-heavy"] == "$(PYTEST) -m heavy"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "make test" in ci and "make test-heavy" in ci
+    heavy = []
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        marks = re.findall(r"^pytestmark = (.*)$", path.read_text(), re.M)
+        if any("mark.heavy" in m for m in marks):
+            assert any("mark.slow" in m for m in marks), path
+            heavy.append(path.name)
+    assert heavy  # the tier is marked where the Makefile expects it

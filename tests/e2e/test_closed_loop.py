@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import e2e_env, git, make_e2e_repo, repo_params, tiny_params
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCHES = ("2026-01", "2026-02")  # two clean months (2026-03 is the corrupted one)

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from conftest import e2e_env, git, make_e2e_repo, repo_params, run_dvc, tiny_params
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 
 BATCHES = ("2026-01", "2026-02")
 JOBS = 2

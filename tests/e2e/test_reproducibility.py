@@ -27,7 +27,7 @@ from clap import cli, io, params
 from clap.errors import ClapError
 from clap.release import verify as vf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 # (stage, the path whose final rename kills it): gate after its report folder, before its metrics;
 # train after checkpoint-6's weights are saved but before its state marker, so the re-run
 # resumes from checkpoint-3 (the tiny config trains 6 steps, a checkpoint every 3). Killed

@@ -23,7 +23,7 @@ from conftest import git, run_dvc
 from clap import params
 from clap.release import verify as vf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 
 BUCKET = "clap-dvc"
 REMOTE = "s3"
