@@ -609,6 +609,14 @@ def render_pool(result: dict) -> str:
             f"{s['alarm_rate']:.3f} ({s['alarm_rate_ci95'][1]:.3f}) | {_f(s['median_alarm_fraction'])} | "
             f"{s['mean_gap']:+.3f} | {_f(before, '+.3f')} |"
         )
+    over = [s for s in result["by_batch"] if s["fault"] == "clean" and s["mean_gap"] > d["null_gap"]]
+    lines += [
+        "",
+        "Clean batches whose offset exceeds null_gap, the tolerance the false-alarm bound assumes (their "
+        "bound does not hold as stated): "
+        + (", ".join(f"{s['profile']} {s['batch']} ({s['mean_gap']:+.3f})" for s in over) if over else "none")
+        + ".",
+    ]
     lines += [
         "",
         f"Detector time as a share of training runtime, median over runs: "
