@@ -616,8 +616,6 @@ def render_pool(result: dict) -> str:
         "bound does not hold as stated): "
         + (", ".join(f"{s['profile']} {s['batch']} ({s['mean_gap']:+.3f})" for s in over) if over else "none")
         + ".",
-    ]
-    lines += [
         "",
         f"Detector time as a share of training runtime, median over runs: "
         f"{result['detector_share_of_train_runtime_median']:.2f}.",
