@@ -287,6 +287,8 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "start_from",
     "git_commit",
     "incumbent_batch",
+    # answers reused from an earlier identical run or generated and kept, with their key (clap/model/memo.py)
+    "*_answers_memo",
     # input files' encodings (assetize: "<file>.encoding")
     "encoding",
     # the base model's source and format (stage base)

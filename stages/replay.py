@@ -63,7 +63,10 @@ def run(
     items, kb = io.read_parquet(admitted / "replay.parquet"), io.read_parquet(admitted / "kb.parquet")
     has_adapter = (adapter / ADAPTER_FILE).exists()
     space = answer_space(normalize_params(), sp.answer)
-    answers, requests = run_conditions(items, kb, base, adapter if has_adapter else None, cp, rp, lp, space)
+    memo_log: dict[str, str] = {}
+    answers, requests = run_conditions(
+        items, kb, base, adapter if has_adapter else None, cp, rp, lp, space, memo_log
+    )
     cases, timings = score_conditions(items, answers, sp)
     cases = validate_frame(replay_cases(sp.answer), cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
@@ -89,6 +92,7 @@ def run(
         "device": default_device(),
         "decoding": cp.decoding,
         "generation_engine": engine_label(cp.engine, default_device()),
+        **memo_log,
     }
     io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)
     return metrics

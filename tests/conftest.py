@@ -9,6 +9,8 @@ Use it wherever a test needs a model folder::
 
 Treat it as read-only; copy it (shutil.copytree) if a test must modify files.
 
+Every test keeps the base model's kept answers (:mod:`clap.model.memo`) in a folder of its own.
+
 ``one_thread``: torch limited to one thread for a module (``pytestmark =
 pytest.mark.usefixtures("one_thread")``), for modules that run the tiny model.
 """
@@ -102,6 +104,15 @@ def tiny_base(tmp_path_factory, worker_id) -> Path:
         if not out.exists():  # written atomically: a folder that exists is complete
             make_tiny_base(out, seed=TINY_SEED)
     return out
+
+
+@pytest.fixture(autouse=True)
+def answers_memo_in_tmp(tmp_path_factory, monkeypatch):
+    """Every test keeps the base model's answers (clap.model.memo) in its own folder: an in-process
+    eval or replay never reads answers another test generated, nor writes into the checkout."""
+    from clap.model import memo
+
+    monkeypatch.setattr(memo, "MEMO_DIR", tmp_path_factory.mktemp("answers_memo"))
 
 
 @pytest.fixture(scope="module")

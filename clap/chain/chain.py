@@ -26,6 +26,7 @@ from clap.chain.retrieval import KBIndex, RetrievalParams
 from clap.errors import ClapError
 from clap.model.engine import EngineParams
 from clap.model.generate import Generation, generate_batched
+from clap.model.memo import Memo
 from clap.params import check_keys
 from clap.task.prompt import build_messages
 from clap.task.scoring import ParsedAnswer, context_text, parse_answer
@@ -118,7 +119,13 @@ class Chain:
         return Retrieved(tuple((h.doc_id, h.text) for h in hits), (time.perf_counter() - start) * 1000.0)
 
     def answer(
-        self, questions: Sequence[str], *, rag: bool, batch_size: int, desc: str | None = None
+        self,
+        questions: Sequence[str],
+        *,
+        rag: bool,
+        batch_size: int,
+        desc: str | None = None,
+        memo: tuple[Memo, str] | None = None,
     ) -> list[ChainAnswer]:
         """Answer every question (same order), with or without retrieval.
 
@@ -127,26 +134,43 @@ class Chain:
             rag: retrieve top-k documents into the prompt (False: no documents at all).
             batch_size: prompts per generate call (1 for serving one request).
             desc: progress label of the generation (None: no progress shown, as when serving).
+            memo: the base model's kept answers (:mod:`clap.model.memo`) and the label its log entry
+                takes: answers an earlier run generated for exactly these prompts are read, not generated.
 
         Returns:
             One :class:`ChainAnswer` per question.
         """
         retrieved = [self.retrieve(q) if rag else Retrieved((), 0.0) for q in questions]
+        contexts = [r.docs if rag else None for r in retrieved]
         chats = [
-            build_messages(q, list(r.docs) if rag else None, self.space.answer)
-            for q, r in zip(questions, retrieved)
+            build_messages(q, list(c) if c else None, self.space.answer) for q, c in zip(questions, contexts)
         ]
-        gens = generate_batched(
-            self.model,
-            self.tokenizer,
-            chats,
-            batch_size=batch_size,
-            max_new_tokens=self.p.max_new_tokens,
-            desc=desc,
-            constraint=self.constrainer([r.docs if rag else None for r in retrieved])
-            if self.constrainer
-            else None,
+        key = (
+            memo[0].key(
+                chats,
+                [self.space.schema(c) for c in contexts] if self.constrainer else None,
+                batch_size=batch_size,
+                max_new_tokens=self.p.max_new_tokens,
+                decoding=self.p.decoding,
+            )
+            if memo
+            else ""
         )
+        kept = memo[0].load(key, memo[1]) if memo else None
+        if kept is not None:
+            gens = kept[0]
+        else:
+            gens = generate_batched(
+                self.model,
+                self.tokenizer,
+                chats,
+                batch_size=batch_size,
+                max_new_tokens=self.p.max_new_tokens,
+                desc=desc,
+                constraint=self.constrainer(contexts) if self.constrainer else None,
+            )
+            if memo:
+                memo[0].save(key, gens, label=memo[1])
         return [
             ChainAnswer(q, rag, r, context_text(list(r.docs)), g, parse_answer(g.text, self.space.answer))
             for q, r, g in zip(questions, retrieved, gens)

@@ -278,17 +278,36 @@ def generate_for(
     p: EvalParams,
     space: AnswerSpace,
     constrainers: dict[str, Constrainer],
+    memo_log: dict[str, str],
 ) -> tuple[list[Generation], float | None]:
     """Load one model (base + optional adapter) and answer every chat.
 
     Returns the answers (decoded as ``p.decoding`` says) and, under constrained decoding with
     ``p.free_diagnostic_items`` > 0, the share of the first that many chats whose *free*
     (unconstrained) answer parses: the format-compliance diagnostic (None otherwise).
-    ``constrainers`` caches the compiled grammars across the models of one evaluation.
+    ``constrainers`` caches the compiled grammars across the models of one evaluation. The base
+    model's answers are read from :mod:`clap.model.memo` when an earlier run generated exactly these
+    (``memo_log`` gets ``<role>_answers_memo``: ``reused <key>`` or ``generated <key>``).
     """
-    from clap.model.base import load_tokenizer
-    from clap.model.engine import load_generator
+    from clap.model.base import default_device, load_tokenizer
+    from clap.model.engine import engine_label, load_generator
+    from clap.model.memo import base_memo
 
+    k = min(p.free_diagnostic_items, len(chats)) if p.decoding == "constrained" else 0
+    device = default_device()
+    memo = base_memo(base_dir, engine_label(p.engine, device), device) if spec.adapter_dir is None else None
+    if memo is not None:
+        key = memo.key(
+            chats,
+            [space.schema(d) for d in docs] if p.decoding == "constrained" else None,
+            batch_size=p.batch_size,
+            max_new_tokens=p.max_new_tokens,
+            decoding=p.decoding,
+            free_diagnostic_items=k,
+        )
+        if (hit := memo.load(key, spec.role)) is not None:
+            memo_log.update(memo.log)
+            return hit[0], hit[1]["free_rate"]
     model = load_generator(base_dir, spec.adapter_dir, p.engine)
     tok = load_tokenizer(base_dir, padding_side="left")
     free_rate = None
@@ -304,7 +323,6 @@ def generate_for(
         desc=f"eval {spec.role}",
         constraint=constraint,
     )
-    k = min(p.free_diagnostic_items, len(chats)) if constraint is not None else 0
     if k:
         free = generate_batched(
             model,
@@ -316,6 +334,9 @@ def generate_for(
         )
         free_rate = sum(parse_answer(g.text, space.answer).ok for g in free) / k
     del model  # free the weights before the next model loads
+    if memo is not None:
+        memo.save(key, gens, {"free_rate": free_rate}, spec.role)
+        memo_log.update(memo.log)
     return gens, free_rate
 
 
@@ -330,7 +351,8 @@ def evaluate(
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
     """Score every model in ``specs`` on ``items``: (scored rows, timing rows, diagnostics).
 
-    The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured.
+    The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured,
+    and ``base_answers_memo``: whether the base's answers were reused or generated, and their key.
     """
     columns = scored_columns(sp.answer) + answer_metric_columns(p.answer_metric)
     if items.empty:
@@ -340,7 +362,7 @@ def evaluate(
     contexts = [context_text(d) for d in docs]
     scored, timed, diagnostics, constrainers = [], [], {}, {}
     for spec in specs:
-        gens, free_rate = generate_for(spec, base_dir, chats, docs, p, space, constrainers)
+        gens, free_rate = generate_for(spec, base_dir, chats, docs, p, space, constrainers, diagnostics)
         rows = score_generations(spec.role, items, gens, contexts, sp)
         scored.append(with_answer_metric(rows, items, sp.answer) if p.answer_metric == "tatqa" else rows)
         timed.append(timing_rows(spec.role, items, gens))

@@ -186,12 +186,15 @@ def run_conditions(
     p: EvalParams,
     lp: LatencyParams,
     space: AnswerSpace,
+    memo_log: dict[str, str] | None = None,
 ) -> tuple[dict[str, list[ChainAnswer]], pd.DataFrame]:
     """Answer every case under A and C (base) and, with an adapter, B and D; one index for all.
 
     Returns the answers per condition and the per-request timings of A (and B), measured with both
     models loaded, their requests interleaved (:func:`time_requests`): the two models are in memory
-    together while B's conditions run."""
+    together while B's conditions run. A and C read the base's kept answers when an earlier run
+    generated exactly these (:mod:`clap.model.memo`; ``memo_log`` gets ``A_answers_memo`` and
+    ``C_answers_memo``); the timed requests always run."""
     if items.empty:
         return {}, pd.DataFrame(columns=REQUEST_COLUMNS)
     latency_sample(len(items), lp)  # too few cases for the sample: loud before any model loads
@@ -200,13 +203,24 @@ def run_conditions(
     models = {"base": None} if adapter_dir is None else {"base": None, "adapter": adapter_dir}
     out: dict[str, list[ChainAnswer]] = {}
     rag_chains: dict[str, Chain] = {}
+    from clap.model.base import default_device
+    from clap.model.engine import engine_label
+    from clap.model.memo import base_memo
+
+    device = default_device()
+    memo = base_memo(base_dir, engine_label(cp.engine, device), device)
     for model, adapter in models.items():
         chain = load_chain(base_dir, adapter, index, cp, space)
         for cond, (m, rag) in CONDITIONS.items():
             if m == model:
-                out[cond] = chain.answer(questions, rag=rag, batch_size=p.batch_size, desc=f"replay {cond}")
+                kept = (memo, cond) if memo is not None and adapter is None else None
+                out[cond] = chain.answer(
+                    questions, rag=rag, batch_size=p.batch_size, desc=f"replay {cond}", memo=kept
+                )
                 if rag:
                     rag_chains[cond] = chain
+    if memo is not None and memo_log is not None:
+        memo_log.update(memo.log)
     return dict(sorted(out.items())), time_requests(rag_chains, items, lp)
 
 
