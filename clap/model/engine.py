@@ -353,29 +353,41 @@ class OpenVINOModel:
         )
         self._request = self._compiled.create_infer_request()
 
-    def prefix(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """The shared prompt prefix; computed by each batch's session (one batch-1 forward)."""
-        return tuple(ids)
+    def prefix(self, ids: Sequence[int]) -> dict[str, Any]:
+        """The shared prompt prefix's keys and values (one batch-1 forward, run here once): every batch's
+        session starts from a copy of them instead of running the prefix again."""
+        import numpy as np
 
-    def session(self, prefix: tuple[int, ...] | None, rows: int) -> OpenVINOSession:
-        return OpenVINOSession(self._request, prefix or (), rows)
+        ids = np.array([list(ids)], dtype=np.int64)
+        self._request.reset_state()
+        self._request.infer(
+            {
+                "input_ids": ids,
+                "attention_mask": np.ones_like(ids),
+                "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, np.int32),
+            }
+        )
+        return {v.name: np.array(v.state.data, copy=True) for v in self._request.query_state()}
+
+    def session(self, prefix: dict[str, Any] | None, rows: int) -> OpenVINOSession:
+        return OpenVINOSession(self._request, prefix or {}, rows)
 
 
 class OpenVINOSession:
     """One batch's decoding state on the openvino path: the infer request's kept keys/values."""
 
-    def __init__(self, request: Any, prefix: tuple[int, ...], rows: int):
+    def __init__(self, request: Any, prefix: dict[str, Any], rows: int):
         import numpy as np
+        import openvino as ov
 
         self._request = request
         request.reset_state()
         self._beams = np.arange(rows, dtype=np.int32)
-        if prefix:
-            ids = np.array([prefix], dtype=np.int64)
-            self._infer(
-                ids, np.ones_like(ids), np.arange(len(prefix), dtype=np.int64)[None], np.zeros(1, np.int32)
-            )
-            self._beams = np.zeros(rows, dtype=np.int32)  # widen the one prefix row to every row
+        if prefix:  # the one prefix row's keys/values, widened to every row by the first step's beam_idx
+            for variable in request.query_state():
+                variable.state = ov.Tensor(prefix[variable.name])
+            self._beams = np.zeros(rows, dtype=np.int32)
 
     def _infer(self, ids, mask, positions, beams):
         return self._request.infer(
@@ -405,7 +417,8 @@ def session(model: Any, prefix: Any, rows: int, capacity: int) -> Any:
 
 
 def prefix_state(model: Any, ids: Sequence[int]) -> Any:
-    """What every batch's session starts from: the shared prefix's cache (torch) or its ids (openvino)."""
+    """What every batch's session starts from: the shared prefix's cache (torch) or its kept keys and
+    values (openvino), computed once."""
     return model.prefix(ids) if isinstance(model, OpenVINOModel) else torch_prefix(model, ids)
 
 

@@ -95,6 +95,24 @@ def test_a_one_row_prefix_is_widened_to_every_row(pair):
     _close(got, _torch_logits(model, full, mask, full_positions))
 
 
+def test_every_session_starts_from_the_same_kept_prefix(pair):
+    """The prefix runs once; each session copies its keys/values, so a session in between (other rows,
+    other tokens) changes nothing for the next one, bit for bit."""
+    model, ov_model, _ = pair
+    rng = np.random.default_rng(2)
+    kept = ov_model.prefix(rng.integers(0, model.config.vocab_size, 5).tolist())
+    before = {k: v.copy() for k, v in kept.items()}
+    suffix = torch.tensor(rng.integers(0, model.config.vocab_size, (3, 4)))
+    mask, positions = torch.ones(3, 9, dtype=torch.long), torch.arange(5, 9).expand(3, -1)
+    first = ov_model.session(kept, 3).forward(suffix, mask, positions).numpy()
+    other = ov_model.session(kept, 2)
+    other.forward(suffix[:2, :2], mask[:2, :7], positions[:2, :2])
+    other.forward(suffix[:2, 2:3], mask[:2, :8], positions[:2, 2:3])
+    again = ov_model.session(kept, 3).forward(suffix, mask, positions).numpy()
+    assert np.array_equal(first, again)
+    assert all(np.array_equal(kept[k], before[k]) for k in before)
+
+
 def _chats(n=5):
     docs = [("KB-1", "Line L1 on 2026-01-05, shift A. OEE was 81.5 %.")]
     return [build_messages(f"question {i} about line L{i}?" + " more" * i, docs, ANSWER) for i in range(n)]
