@@ -143,7 +143,8 @@ class Chain:
         retrieved = [self.retrieve(q) if rag else Retrieved((), 0.0) for q in questions]
         contexts = [r.docs if rag else None for r in retrieved]
         chats = [
-            build_messages(q, list(c) if c else None, self.space.answer) for q, c in zip(questions, contexts)
+            build_messages(q, None if c is None else list(c), self.space.answer)
+            for q, c in zip(questions, contexts)
         ]
         key = (
             memo[0].key(

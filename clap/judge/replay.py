@@ -48,6 +48,9 @@ from clap.chain.grounding import AnswerSpace
 from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import scored_columns
+from clap.model.base import default_device
+from clap.model.engine import engine_label
+from clap.model.memo import base_memo
 from clap.params import check_keys
 from clap.progress import Progress
 from clap.task.answer import AnswerSchema
@@ -203,10 +206,6 @@ def run_conditions(
     models = {"base": None} if adapter_dir is None else {"base": None, "adapter": adapter_dir}
     out: dict[str, list[ChainAnswer]] = {}
     rag_chains: dict[str, Chain] = {}
-    from clap.model.base import default_device
-    from clap.model.engine import engine_label
-    from clap.model.memo import base_memo
-
     device = default_device()
     memo = base_memo(base_dir, engine_label(cp.engine, device), device)
     for model, adapter in models.items():
