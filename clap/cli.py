@@ -398,7 +398,36 @@ def _certify_args(p: argparse.ArgumentParser) -> None:
         "a batch not there is assetized, normalized and admitted from data/raw/<batch> by the stage scripts "
         "into a scratch folder",
     )
+    p.add_argument(
+        "--rebind",
+        action="store_true",
+        help="run nothing: bind the committed record to the params keys this clap binds and it does not yet, "
+        "when their values at the record's commit (git) are today's; else fail (re-certify)",
+    )
     _controls_args(p, "certification")
+
+
+def _rebind(params_path: Path, record_path: Path) -> int:
+    import os
+    import time
+
+    from clap import io
+    from clap.judge import certification
+    from clap.vcs import git
+
+    rec = io.read_json(record_path)
+
+    def read_then(path: Path) -> str:  # a params file as the record's commit had it (path relative to cwd)
+        rel = os.path.relpath(path)
+        return git(".", "show", f"{rec['commit']}:{rel if rel.startswith('..') else './' + rel}")
+
+    new = certification.rebind(record_path, params_path, read_then, time.strftime("%Y-%m-%d", time.gmtime()))
+    if new == rec:
+        print(f"{record_path} already binds every key: nothing to do")
+        return 0
+    io.write_json(record_path, new)
+    print(f"bound {record_path} to {new['rebound']['keys']}: unchanged since commit {rec['commit'][:12]}")
+    return 0
 
 
 def _admitted(data: Path, batch: str, prep: Path) -> Path:
@@ -440,6 +469,8 @@ def _certify(args: argparse.Namespace) -> int:
     from clap.vcs import commit_or_unknown
 
     cp, _ = cal.load_params(args.params)
+    if args.rebind and cp.record:
+        return _rebind(args.params, Path(cp.record))
     if not cp.batches or not cp.record:
         raise bad_param(
             "calibrate.record" if cp.batches else "calibrate.batches",

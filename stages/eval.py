@@ -79,7 +79,13 @@ def describe(argv, metrics: dict) -> str:
     summary = ", ".join(
         f"{r} pass {metrics[f'{r}_pass_rate']:.3f} overall {metrics[f'{r}_overall']:.3f}" for r in roles
     )
-    return f"eval: {metrics['n_items']} items; {summary or 'no items'}"
+    over = metrics.get("gold_over_budget", 0)
+    budget = (
+        f"; {over} gold answers need more tokens than chain.max_new_tokens: no model can answer them right"
+        if over
+        else ""
+    )
+    return f"eval: {metrics['n_items']} items; {summary or 'no items'}{budget}"
 
 
 if __name__ == "__main__":

@@ -11,23 +11,26 @@ profile's controls through :func:`clap.judge.calibrate.calibrate` (the same runs
   loss-masking trap, :data:`REQUIRED_FAULTS`) must not get a decision in ``calibrate.fail_on``; what
   caught it (admission, the detector, a gate rule) is recorded.
 
-The record (``calibrate.record``, committed) is bound to the commit, the params sections that decide a
-batch (:data:`BOUND_SECTIONS`, hashed as parsed values, so a comment edit does not unbind it), the base
-weights and the admitted data of every control batch. :func:`status` is what the gate, the summary, the
-handoff and ``clap release`` read: certified only when the record's verdict is ``certified`` and its
-params hash is the current one.
+The record (``calibrate.record``, committed) is bound to the commit, the params that decide a batch's
+train -> eval -> gate (:data:`BOUND_SECTIONS`: sections and dotted keys, hashed as parsed values, so a
+comment edit does not unbind it), the base weights and the admitted data of every control batch.
+:func:`status` is what the gate, the summary, the handoff and ``clap release`` read: certified only when
+the record's verdict is ``certified``, it binds every key of :data:`BOUND_SECTIONS` and its params hash
+is the current one. A record written before a key was bound is bound to it by :func:`rebind` when that
+key's value at the record's commit is today's (the runs used it), and re-certified otherwise.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from clap import io
-from clap.params import raw_section
+from clap.errors import ClapError
+from clap.params import load
 
 CERTIFIED = "certified"
 UNCERTIFIED = "UNCERTIFIED"
@@ -44,12 +47,34 @@ BOUND_SECTIONS = (
     "scoring",
     "gate",
     "calibrate",
+    # the chain keys eval's answers depend on (its budget, decoding, engine and precision); retrieval and
+    # top_k decide only replay, which the controls do not run
+    "chain.max_new_tokens",
+    "chain.decoding",
+    "chain.engine",
 )
+Reader = Callable[[Path], str]
 
 
-def params_sha256(params_path: Path | str) -> str:
-    """sha256 of the bound sections' parsed values (key order and comments do not matter)."""
-    values = {name: raw_section(name, params_path) for name in BOUND_SECTIONS}
+def bound_value(data: Mapping[str, Any], key: str, params_path: Path | str) -> Any:
+    """The parsed value of a section or dotted key of merged params ``data`` (error if absent)."""
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ClapError(
+                f"params key {key!r} is missing", file=params_path, column=key, rule="missing_section"
+            )
+        node = node[part]
+    return node
+
+
+def params_sha256(
+    params_path: Path | str, keys: Sequence[str] = BOUND_SECTIONS, *, read: Reader | None = None
+) -> str:
+    """sha256 of the bound keys' parsed values (key order and comments do not matter); ``read``: how a
+    params file is read (:func:`clap.params.load`; e.g. at another commit)."""
+    data = load(params_path, read=read)
+    values = {key: bound_value(data, key, params_path) for key in keys}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -153,11 +178,60 @@ def status(params_path: Path | str, record_path: Path | str) -> dict[str, Any]:
         return {**out, "reason": f"no certification record at {record_path} (run `clap certify`)"}
     rec = io.read_json(record_path)
     out.update(commit=rec.get("commit", ""), date=rec.get("date", ""))
-    if rec.get("params_sha256") != params_sha256(params_path):
+    bound = list(rec.get("bound_sections", []))
+    unbound = [k for k in BOUND_SECTIONS if k not in bound]
+    if unbound:
+        return {
+            **out,
+            "reason": f"the record of commit {out['commit']} does not bind {unbound} (run `clap certify "
+            "--rebind` to bind them if they are unchanged since that commit, else re-certify)",
+        }
+    if rec.get("params_sha256") != params_sha256(params_path, bound):
         return {**out, "reason": f"the params changed since the certification of commit {out['commit']}"}
     if rec.get("verdict") != CERTIFIED:
         return {**out, "reason": "; ".join(rec.get("failed", [])) or "the record's verdict is not certified"}
     return {**out, "certified": True, "status": CERTIFIED, "reason": f"certified at commit {out['commit']}"}
+
+
+def rebind(record_path: Path | str, params_path: Path | str, read_then: Reader, date: str) -> dict[str, Any]:
+    """The record at ``record_path`` bound to the keys of :data:`BOUND_SECTIONS` it does not bind yet.
+
+    Its runs used those keys' values at its commit (``read_then`` reads a params file there, e.g.
+    ``git show <commit>:<file>``); when they are today's values and the keys it binds still hash to its
+    params hash, the record describes today's params: it gets the new keys, the new hash and a
+    ``rebound`` entry saying what was checked against which commit. Its verdict and runs are unchanged.
+
+    Raises:
+        ClapError: the record's params changed, or an added key's value differs from its commit's (rule
+            ``params_changed``: re-certify).
+    """
+    rec = io.read_json(record_path)
+    bound = list(rec["bound_sections"])
+    added = [k for k in BOUND_SECTIONS if k not in bound]
+    if rec["params_sha256"] != params_sha256(params_path, bound):
+        raise ClapError(
+            f"the params changed since the certification of commit {rec['commit']}: re-certify",
+            file=params_path,
+            rule="params_changed",
+        )
+    then, now = load(params_path, read=read_then), load(params_path)
+    changed = [k for k in added if bound_value(then, k, params_path) != bound_value(now, k, params_path)]
+    if changed:
+        raise ClapError(
+            f"{changed} differ from their values at commit {rec['commit']}, where the controls ran: re-certify",
+            file=params_path,
+            column=changed[0],
+            rule="params_changed",
+        )
+    if not added:
+        return rec
+    keys = bound + added
+    return {
+        **rec,
+        "params_sha256": params_sha256(params_path, keys),
+        "bound_sections": keys,
+        "rebound": {"keys": added, "checked_at_commit": rec["commit"], "date": date},
+    }
 
 
 def status_line(s: Mapping[str, Any]) -> str:

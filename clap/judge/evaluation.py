@@ -38,7 +38,7 @@ from clap.params import bad_param, check_keys
 from clap.release.registry import verify_pointer
 from clap.task.answer import EVERY_DOC, AnswerSchema, ContextSpec, gold_of
 from clap.task.context import item_docs, kb_bodies
-from clap.task.prompt import build_messages
+from clap.task.prompt import build_messages, format_answer
 from clap.task.scoring import ScoringParams, context_text, parse_answer, score_item
 
 
@@ -340,6 +340,17 @@ def generate_for(
     return gens, free_rate
 
 
+def gold_over_budget(items: pd.DataFrame, base_dir: Path | str, schema: AnswerSchema, budget: int) -> int:
+    """Items whose gold answer (its JSON and the end-of-turn token) takes more tokens than the answer
+    budget ``chain.max_new_tokens``: no model can answer them right within it. Counted in eval's metrics
+    so a budget too small for the data is never silent."""
+    from clap.model.base import load_tokenizer
+
+    tok = load_tokenizer(base_dir, padding_side="left")
+    texts = [format_answer(gold_of(row, schema), schema) for row in items.to_dict("records")]
+    return sum(len(ids) + 1 > budget for ids in tok(texts, add_special_tokens=False)["input_ids"])
+
+
 def evaluate(
     specs: Sequence[ModelSpec],
     base_dir: Path | str,
@@ -352,7 +363,8 @@ def evaluate(
     """Score every model in ``specs`` on ``items``: (scored rows, timing rows, diagnostics).
 
     The diagnostics are ``<role>_free_parse_rate`` (see :func:`generate_for`) per model, when measured,
-    and ``base_answers_memo``: whether the base's answers were reused or generated, and their key.
+    ``base_answers_memo``: whether the base's answers were reused or generated, and their key, and
+    ``gold_over_budget`` (:func:`gold_over_budget`).
     """
     columns = scored_columns(sp.answer) + answer_metric_columns(p.answer_metric)
     if items.empty:
@@ -360,7 +372,10 @@ def evaluate(
     docs = item_contexts(items, kb, sp.answer.context)
     chats = [build_messages(q, d, sp.answer) for q, d in zip(items["question"], docs)]
     contexts = [context_text(d) for d in docs]
-    scored, timed, diagnostics, constrainers = [], [], {}, {}
+    scored, timed, constrainers = [], [], {}
+    diagnostics: dict[str, Any] = {
+        "gold_over_budget": gold_over_budget(items, base_dir, sp.answer, p.max_new_tokens)
+    }
     for spec in specs:
         gens, free_rate = generate_for(spec, base_dir, chats, docs, p, space, constrainers, diagnostics)
         rows = score_generations(spec.role, items, gens, contexts, sp)

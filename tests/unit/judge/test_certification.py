@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
+from clap.errors import ClapError
 from clap.judge import certification as C
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -167,3 +169,102 @@ def test_clap_certify_prepares_a_batch_from_raw_and_writes_the_bound_record(tmp_
     rec = json.loads(record.read_text())
     assert rec["verdict"] == C.UNCERTIFIED and set(rec["data_sha256"]) == {"2026-01", "2026-02"}
     assert rec["params_sha256"] == C.params_sha256(params) and rec["summary"]["runs"] == 3
+
+
+def _older(record: Path, params: Path) -> dict:
+    """The record as a clap that bound only the whole sections (no chain keys) wrote it."""
+    rec = json.loads(record.read_text())
+    old = [k for k in C.BOUND_SECTIONS if "." not in k]
+    rec.update(bound_sections=old, params_sha256=C.params_sha256(params, old))
+    record.write_text(json.dumps(rec))
+    return rec
+
+
+def test_a_record_that_does_not_bind_every_key_is_uncertified_until_rebound(tmp_path):
+    params = tmp_path / "params.yaml"
+    text = (ROOT / "params.yaml").read_text()
+    params.write_text(text)
+    record = _record(tmp_path, params, CONTROLS)
+    rec = _older(record, params)
+    s = C.status(params, record)
+    assert not s["certified"] and "does not bind ['chain.max_new_tokens'" in s["reason"]
+    assert "clap certify --rebind" in s["reason"]
+    new = C.rebind(record, params, lambda p: Path(p).read_text(), "2026-12-07")
+    assert new["rebound"] == {
+        "keys": ["chain.max_new_tokens", "chain.decoding", "chain.engine"],
+        "checked_at_commit": "abc1234",
+        "date": "2026-12-07",
+    }
+    assert new["verdict"] == rec["verdict"] and new["positive_controls"] == rec["positive_controls"]
+    record.write_text(json.dumps(new))
+    assert C.status(params, record)["certified"]
+    assert C.rebind(record, params, lambda p: Path(p).read_text(), "2026-12-08") == new  # nothing to add
+    # a bound key's change now unbinds it
+    raw = yaml.safe_load(text)
+    raw["chain"]["max_new_tokens"] += 1
+    params.write_text(yaml.safe_dump(raw))
+    assert "params changed" in C.status(params, record)["reason"]
+
+
+def test_rebind_refuses_a_key_that_differs_from_the_records_commit_or_changed_params(tmp_path):
+    params = tmp_path / "params.yaml"
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params.write_text(yaml.safe_dump(raw))
+    record = _record(tmp_path, params, CONTROLS)
+    _older(record, params)
+    then = {**raw, "chain": {**raw["chain"], "engine": {**raw["chain"]["engine"], "precision": "int8"}}}
+    with pytest.raises(
+        ClapError, match=r"\['chain.engine'\] differ from their values at commit abc1234"
+    ) as e:
+        C.rebind(record, params, lambda p: yaml.safe_dump(then), "2026-12-07")
+    assert e.value.rule == "params_changed"
+    raw["gate"]["alpha"] = 0.1  # a key the record binds changed since: no rebinding can vouch for it
+    params.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ClapError, match="params changed since the certification of commit abc1234"):
+        C.rebind(record, params, lambda p: params.read_text(), "2026-12-07")
+
+
+def test_clap_certify_rebind_reads_the_params_of_the_records_commit_from_git(tmp_path, monkeypatch, capsys):
+    """A profile's params extend the root's: both files are read as the record's commit had them."""
+    from clap import cli
+    from clap.vcs import git
+
+    profile = tmp_path / "profiles" / "p"
+    profile.mkdir(parents=True)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    record = profile / "certification" / "record.json"
+    override = {"extends": "../../params.yaml", "calibrate": {"record": "certification/record.json"}}
+    (profile / "params.yaml").write_text(yaml.safe_dump(override))
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "x", "--allow-empty")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "params")
+    commit = git(tmp_path, "rev-parse", "HEAD").strip()
+    monkeypatch.chdir(profile)
+    record.parent.mkdir()
+    _older(_record_at(record, Path("params.yaml"), commit), Path("params.yaml"))
+    assert cli.main(["certify", "--rebind"]) == 0
+    assert "bound certification/record.json to ['chain.max_new_tokens'" in capsys.readouterr().out
+    assert C.status("params.yaml", record)["certified"]
+    raw["chain"]["decoding"] = "free"  # the root changed after the record's commit: its runs did not use this
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    _older(record, Path("params.yaml"))
+    assert cli.main(["certify", "--rebind"]) != 0
+    assert "['chain.decoding'] differ from their values at commit" in capsys.readouterr().err
+    assert not C.status("params.yaml", record)["certified"]
+
+
+def _record_at(path: Path, params: Path, commit: str) -> Path:
+    rec = C.build_record(
+        CONTROLS,
+        {},
+        params_path=params,
+        base_dir=path.parent,
+        admitted={},
+        commit=commit,
+        machine="m",
+        date="d",
+    )
+    path.write_text(json.dumps(rec))
+    return path

@@ -18,6 +18,7 @@ from clap.judge.evaluation import (
     ModelSpec,
     evaluate,
     flat_metrics,
+    gold_over_budget,
     incumbent_spec,
     manifest,
     model_specs,
@@ -111,7 +112,7 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         io.read_parquet(batch["admitted"] / "eval.parquet"),
         io.read_parquet(batch["admitted"] / "kb.parquet"),
     )
-    scored, timings, _ = evaluate(
+    scored, timings, diagnostics = evaluate(
         specs,
         batch["base"],
         items,
@@ -135,6 +136,7 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         "incumbent",
     ]
     check_pairing(scored)
+    assert diagnostics["gold_over_budget"] == len(items)  # 6 tokens hold no gold answer
     for _, rows in scored.groupby("model"):
         assert list(rows.sort_values("position")["item_id"]) == list(items["item_id"])
     assert (
@@ -151,6 +153,21 @@ def test_evaluate_pairs_every_model_on_the_same_items(batch):
         set(meta["datasets"]) >= {"eval.parquet", "kb.parquet", "sft.parquet"}
         and meta["production"]["batch"] == "2025-12"
     )
+
+
+def test_gold_answers_longer_than_the_answer_budget_are_counted(batch):
+    from clap.model.base import load_tokenizer
+    from clap.task.answer import gold_of
+
+    items = io.read_parquet(batch["admitted"] / "eval.parquet")
+    tok = load_tokenizer(batch["base"], padding_side="left")
+    need = sorted(  # the gold answer's tokens and the end of the turn
+        len(tok(format_answer(gold_of(r, ANSWER), ANSWER), add_special_tokens=False)["input_ids"]) + 1
+        for r in items.to_dict("records")
+    )
+    assert gold_over_budget(items, batch["base"], ANSWER, need[-1]) == 0
+    assert gold_over_budget(items, batch["base"], ANSWER, need[-1] - 1) == need.count(need[-1])
+    assert gold_over_budget(items, batch["base"], ANSWER, need[0] - 1) == len(items)
 
 
 def test_score_generations_keeps_unparseable_and_scores_right_answers(batch):
