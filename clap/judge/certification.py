@@ -68,12 +68,9 @@ def bound_value(data: Mapping[str, Any], key: str, params_path: Path | str) -> A
     return node
 
 
-def params_sha256(
-    params_path: Path | str, keys: Sequence[str] = BOUND_SECTIONS, *, read: Reader | None = None
-) -> str:
-    """sha256 of the bound keys' parsed values (key order and comments do not matter); ``read``: how a
-    params file is read (:func:`clap.params.load`; e.g. at another commit)."""
-    data = load(params_path, read=read)
+def params_sha256(params_path: Path | str, keys: Sequence[str] = BOUND_SECTIONS) -> str:
+    """sha256 of the bound keys' parsed values (key order and comments do not matter)."""
+    data = load(params_path)
     values = {key: bound_value(data, key, params_path) for key in keys}
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
