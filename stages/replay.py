@@ -24,7 +24,7 @@ from clap import io, params, progress, stage
 from clap.chain.chain import ChainParams
 from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
-from clap.judge.evaluation import eval_params
+from clap.judge.evaluation import eval_params, gold_over_budget
 from clap.judge.replay import (
     ReplayParams,
     plot_rows,
@@ -71,7 +71,10 @@ def run(
     cases = validate_frame(replay_cases(sp.answer), cases, str(data_dir / "cases.parquet"))
     timings = validate_frame(ReplayTimings, timings, str(data_dir / "timings.parquet"))
     requests = validate_frame(ReplayRequests, requests, str(data_dir / "request_timings.parquet"))
-    numbers = replay_metrics(cases, timings, requests, len(items), has_adapter)
+    numbers = {
+        **replay_metrics(cases, timings, requests, len(items), has_adapter),
+        "gold_over_budget": gold_over_budget(items, base, sp.answer, cp.max_new_tokens) if len(items) else 0,
+    }
     plot = validate_frame(ReplayPlot, plot_rows(numbers), str(plot_csv))
     with io.atomic_dir(data_dir) as tmp:
         io.write_parquet(tmp / "cases.parquet", cases)
@@ -107,8 +110,11 @@ def describe(argv, m: dict) -> str:
     timed = ", ".join(
         f"{c} request p95 {m[f'{c}_request_p95_ms']:.0f} ms" for c in "AB" if f"{c}_request_p95_ms" in m
     )
-    return f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}" + (
-        f"; {timed}" if timed else ""
+    over = m.get("gold_over_budget", 0)
+    return (
+        f"replay {Path(argv[0]).name}: {m['n_cases']} cases; {abcd or 'nothing run'}"
+        + (f"; {timed}" if timed else "")
+        + (f"; {over} gold answers need more tokens than chain.max_new_tokens" if over else "")
     )
 
 

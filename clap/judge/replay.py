@@ -391,6 +391,12 @@ def render_report(batch: str, m: Mapping[str, Any]) -> str:
             )
         ]
         lines.append(f"| {cond} | {model} | {'on' if rag else 'off'} | " + " | ".join(cells) + " |")
+    if m.get("gold_over_budget"):
+        lines += [
+            "",
+            f"**{m['gold_over_budget']} of {m['n_cases']} cases' gold answers need more tokens than the answer "
+            "budget** (`chain.max_new_tokens`): no condition can answer them right.",
+        ]
     lines += [
         "",
         *_delta_lines(m),

@@ -32,13 +32,16 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     )
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["replay"]["latency"].update(requests=2, warmup=1)  # the tiny batch has 3 replay cases
+    params["chain"]["max_new_tokens"] = 6  # holds none of the gold answers: counted, said, in the report
     run = run_stage(
         "replay",
         *(admitted, tiny_base, adapter, data, report, metrics, plot),
         cwd=stage_params_dir(tmp_path / "repo", params),
     )
     assert run.returncode == 0, run.stderr
-    assert "3 cases" in run.stdout
+    assert (
+        "3 cases" in run.stdout and "3 gold answers need more tokens than chain.max_new_tokens" in run.stdout
+    )
 
     cases = validate_frame(replay_cases(ANSWER), io.read_parquet(data / "cases.parquet"), "cases.parquet")
     assert cases.groupby("condition").size().to_dict() == {"A": 3, "B": 3, "C": 3, "D": 3}
@@ -79,6 +82,7 @@ def test_replay_stage_writes_abcd_records(tiny_base, tmp_path):
     text = (report / "report.md").read_text(encoding="utf-8")
     assert "| B | adapter | on |" in text and f"reports/gate/{batch}/report.md" in text
     assert "2 sampled cases sent one at a time" in text
+    assert m["gold_over_budget"] == 3 and "**3 of 3 cases' gold answers need more tokens" in text
     with plot.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and {r["condition"] for r in rows} == set("ABCD")
