@@ -8,7 +8,13 @@ clap.task.prompt, completion-only loss) on models/base with the LoRA config of p
   the rows' shared prompt prefix computed once per forward);
   the allocator setting every stage starts with (``clap.stage.reuse_freed_memory``);
 - ``plain``: ``SFTConfig`` defaults for collation (no packing, pad to the longest in a
-  batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed.
+  batch of 4) and TRL's CPU LM head (every position), same lr/LoRA/threads/seed;
+- ``clap-padded`` (``--paths``): ``clap`` with a batch's rows always run together, padded to the
+  longest (``clap.model.base.ROW_CALL_TOKENS`` set past any padding), as clap ran them before rows
+  of unequal length ran one at a time.
+
+``--params profiles/tatqa/params.yaml`` trains a profile's batch (its ``data/admitted`` and
+``models/base``) under its params.
 
 ``--precision bf16`` runs both paths at bf16 (params ``train.precision: bf16``: the frozen base in bf16,
 fp32 LoRA weights, bf16 autocast; plain TRL with ``bf16=True`` on the same bf16 base), against the best
@@ -30,6 +36,8 @@ same threads, two ways:
   hidden size); forward once, backward once more for input gradients (twice for attention).
 
     nice -n 10 .venv/bin/python benchmarks/train_speed.py [--batch 2026-01] [--examples 24] [--threads 2] [--repeats 3] [--precision fp32]
+    .venv/bin/python benchmarks/train_speed.py --params profiles/tatqa/params.yaml --batch reports-a \
+        --examples 40 --paths clap,clap-padded --repeats 2
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("clap", "plain", "clap-padded")
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -102,7 +111,9 @@ def _rate_callback(warmup: int):
     return Rate()
 
 
-def run_path(path: str, batch: str, examples: int, threads: int, warmup: int, precision: str) -> dict:
+def run_path(
+    path: str, batch: str, examples: int, threads: int, warmup: int, precision: str, params_path: Path
+) -> dict:
     """Train ``examples`` examples one way; tokens/s after warmup, steps, peak RSS."""
     import dataclasses
 
@@ -122,22 +133,29 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int, pr
         training_forwards,
     )
 
-    if path == "clap":  # as every stage starts (clap.stage.main); plain TRL keeps glibc's default
+    if path != "plain":  # as every stage starts (clap.stage.main); plain TRL keeps glibc's default
         from clap.stage import reuse_freed_memory
 
         reuse_freed_memory()
-    tp = dataclasses.replace(params.section("train", TrainParams), torch_threads=threads, precision=precision)
+    if path == "clap-padded":
+        from clap.model import base
+
+        base.ROW_CALL_TOKENS = 10**9
+    tp = dataclasses.replace(
+        params.section("train", TrainParams, params_path), torch_threads=threads, precision=precision
+    )
     torch.set_num_threads(threads)
     torch.manual_seed(tp.seed)
-    data = ROOT / "data/admitted" / batch
+    home = params_path.parent
+    data = home / "data/admitted" / batch
     ex = build_examples(
         io.read_parquet(data / "sft.parquet").head(examples),
         io.read_parquet(data / "kb.parquet"),
-        load_answer_schema(ROOT / "params.yaml"),
+        load_answer_schema(params_path),
     )
-    tok = load_tokenizer(ROOT / "models/base", padding_side="right")
+    tok = load_tokenizer(home / "models/base", padding_side="right")
     out = Path("/tmp") / f"clap-train-speed-{path}"
-    if path == "clap":
+    if path != "plain":
         args = sft_config(dataclasses.replace(tp, save_steps=10**6, max_steps=-1), out, "cpu", 1)
     else:
         args = SFTConfig(
@@ -156,14 +174,14 @@ def run_path(path: str, batch: str, examples: int, threads: int, warmup: int, pr
         )
     rate = _rate_callback(warmup)
     trainer = SFTTrainer(
-        model=load_train_model(ROOT / "models/base", f"{precision}-lora", "cpu"),
+        model=load_train_model(home / "models/base", f"{precision}-lora", "cpu"),
         args=args,
         train_dataset=Dataset.from_list(ex),
         processing_class=tok,
         peft_config=lora_config(tp),
         callbacks=[rate],
     )
-    if path == "clap":
+    if path != "plain":
         with training_forwards(trainer.model, bf16=args.bf16):
             trainer.train()
     else:
@@ -199,17 +217,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per path, alternating; medians reported")
     ap.add_argument("--note", default="", help="free text stored with the result (e.g. what else ran)")
     ap.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp32,bf16 (both paths at each)")
-    ap.add_argument("--path", choices=["clap", "plain"], help=argparse.SUPPRESS)  # child process mode
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="a profile's params.yaml")
+    ap.add_argument("--paths", default="clap,plain", help="clap | plain | clap-padded, comma-separated")
+    ap.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)  # child process mode
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/train_speed.json"))
     a = ap.parse_args()
     precisions = a.precision.split(",")
     if a.path:
-        print(json.dumps(run_path(a.path, a.batch, a.examples, a.threads, a.warmup, precisions[0])))
+        result = run_path(a.path, a.batch, a.examples, a.threads, a.warmup, precisions[0], a.params.resolve())
+        print(json.dumps(result))
         return
-    variants = [(path, prec) for prec in precisions for path in ("clap", "plain")]
+    paths = a.paths.split(",")
+    variants = [(path, prec) for prec in precisions for path in paths]
     runs: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
     child = ["--batch", a.batch, "--examples", str(a.examples), "--threads", str(a.threads)]
-    child += ["--warmup", str(a.warmup)]
+    child += ["--warmup", str(a.warmup), "--params", str(a.params.resolve())]
     for rep in range(a.repeats):  # alternating order: these machines drift by 10-15 % within minutes
         for path, prec in variants if rep % 2 == 0 else variants[::-1]:
             cmd = [sys.executable, __file__, "--path", path, "--precision", prec, *child]
@@ -242,8 +264,14 @@ def main() -> None:
     def rate(path: str, prec: str) -> float:
         return results[key(path, prec)]["tokens_per_s"]
 
-    speedups = {prec: rate("clap", prec) / rate("plain", prec) for prec in precisions}
+    # clap over the other paths measured, at the same precision
+    speedups = {
+        other: {prec: rate("clap", prec) / rate(other, prec) for prec in precisions}
+        for other in paths
+        if other != "clap" and "clap" in paths
+    }
     report = {
+        "params": str(a.params.resolve().relative_to(ROOT)),
         "batch": a.batch,
         "examples": a.examples,
         "threads": a.threads,
@@ -251,8 +279,14 @@ def main() -> None:
         "repeats": a.repeats,
         "precisions": precisions,
         "matmul_peak_flops_per_s": peaks[precisions[0]] if len(precisions) == 1 else peaks,
-        # clap vs plain TRL at the same precision (one figure for one precision, else per precision)
-        "speedup_tokens_per_s": speedups[precisions[0]] if len(precisions) == 1 else speedups,
+        # clap vs plain TRL (and vs clap-padded) at the same precision (one figure for one precision,
+        # else per precision)
+        **{
+            ("speedup_tokens_per_s" if other == "plain" else f"speedup_vs_{other}"): (
+                by[precisions[0]] if len(precisions) == 1 else by
+            )
+            for other, by in speedups.items()
+        },
         "flops_formulas": "6N: 6 * n_params * tokens_per_s; executed: see benchmarks/train_speed.py docstring",
         "machine": machine(),
         "note": a.note,
@@ -261,7 +295,7 @@ def main() -> None:
     }
     if len(precisions) > 1:  # each path's gain from its precision, last over first
         report["precision_ratio_tokens_per_s"] = {
-            path: rate(path, precisions[-1]) / rate(path, precisions[0]) for path in ("clap", "plain")
+            path: rate(path, precisions[-1]) / rate(path, precisions[0]) for path in paths
         }
     from clap import io
 

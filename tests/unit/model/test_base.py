@@ -65,7 +65,8 @@ def test_encode_example_splits_prompt_and_completion(tiny_base):
     assert completion.rstrip().endswith("<|im_end|>")  # the model learns to stop
 
 
-def test_batched_scoring_equals_one_item_at_a_time(tiny_base):
+def test_batched_scoring_equals_one_item_at_a_time(tiny_base, monkeypatch):
+    monkeypatch.setattr(mdl, "ROW_CALL_TOKENS", 10**6)  # any padding: the rows share one forward
     tok = mdl.load_tokenizer(tiny_base, padding_side="right")
     model = mdl.load_model(tiny_base)
     items = [mdl.encode_example(tok, _example(i)) for i in (1234, 5, 67, 890123)]
@@ -82,11 +83,21 @@ def test_batched_scoring_equals_one_item_at_a_time(tiny_base):
     assert [s for s, _ in single] == pytest.approx([s for s, _ in alone], rel=1e-5)
 
 
-def test_length_batches_sort_by_length_and_respect_the_padded_budget():
+def test_length_batches_sort_by_length_and_respect_the_padded_budget(monkeypatch):
+    monkeypatch.setattr(mdl, "ROW_CALL_TOKENS", 10**6)  # the token budget alone
     items = [mdl.Encoded(tuple(range(n)), 1) for n in (5, 4, 3, 9, 2)]
     # shortest first: 2, 3, 4 fit 3 x 4 = 12 tokens; 5 would make 4 x 5 = 20; 9 alone exceeds the budget
     assert mdl.length_batches(items, 12) == [[4, 2, 1], [0], [3]]
     assert sorted(i for b in mdl.length_batches(items, 1) for i in b) == [0, 1, 2, 3, 4]
+
+
+def test_length_batches_pad_rows_together_only_while_that_is_faster():
+    """100, 100 and 150 tokens pad 100 positions, under 2 x ROW_CALL_TOKENS: one batch; 400 would pad
+    850, over 3 x ROW_CALL_TOKENS: a forward of its own."""
+    items = [mdl.Encoded(tuple(range(n)), 1) for n in (400, 100, 150, 100)]
+    assert mdl.ROW_CALL_TOKENS == 96
+    assert mdl.length_batches(items, 10_000) == [[1, 3, 2], [0]]
+    assert mdl.padded_together([100, 100, 150], 150) and not mdl.padded_together([100, 100, 150, 400], 400)
 
 
 def test_export_from_a_local_folder_is_reproducible(tiny_base, tmp_path):
