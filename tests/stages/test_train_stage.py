@@ -122,7 +122,7 @@ def test_stage_reports_bad_input_without_traceback(tiny_base, tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error:") and "Traceback" not in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # two training processes (~1 min): make test-heavy
 @pytest.mark.skipif(shutil.which(str(TORCHRUN)) is None, reason="torchrun not installed")
 def test_torchrun_two_processes_stop_together(tiny_base, tmp_path):
     """2-process gloo DDP: the injected NaN and the detector's probe values must stop both ranks at the
