@@ -29,6 +29,12 @@ in ``benchmarks/results/detector_pool_runs`` and tabled per batch, worst rows fi
     .venv/bin/python benchmarks/detector_calibration.py --runs benchmarks/results/detector_pool_runs run \
         --admitted /tmp/det/admitted --threads 1 pool:2026-04:clean:20260401 pool:2026-02:relabel:20260401 ...
     .venv/bin/python benchmarks/detector_calibration.py --runs benchmarks/results/detector_pool_runs pool-report
+
+``checks-pilot`` simulates a profile's kept pool runs at more checks than they made (a larger probe pool),
+through the real schedule and e-process, to choose a probe pool before validation runs at it::
+
+    .venv/bin/python benchmarks/detector_calibration.py --params profiles/tatqa/params.yaml \\
+        --runs benchmarks/results/detector_pool_runs checks-pilot
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ FAULTS = ("clean", "relabel", "dirty_values", "as_is")
 SETS = ("calibration", "validation", "validation2", "pool")
 POOL_RUNS = ROOT / "benchmarks/results/detector_pool_runs"
 POOL_OUT = ROOT / "benchmarks/results/detector_pool"
+CHECKS_OUT = ROOT / "benchmarks/results/detector_checks_pilot"
 # the targets are about severe faults: relabel, and as_is on a corrupted batch (the demo's wrong column 2026-03);
 # corrupted batches whose fault is subtle in the kept runs of detector_runs/ (made when TAT-QA's wrong-cell copy
 # answered 51 of 324 training items with another verbatim fact; a run of today's copy, 161 of 165 spans, is `as_is`:
@@ -357,6 +364,14 @@ def longer_runs(clean: list[dict], rounds: list[dict], seed: int, runs: int = 20
     return out
 
 
+def write_result(out: Path, result: dict, render_md) -> int:
+    """``<out>.json`` and its rendering ``<out>.md``, which is also printed."""
+    io.write_json(out.with_suffix(".json"), result)
+    out.with_suffix(".md").write_text(render_md(result))
+    print(render_md(result))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from clap.train.detector import DetectorParams
 
@@ -387,10 +402,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         "rounds": rounds,
         "longer_runs": long_runs,
     }
-    io.write_json(args.out.with_suffix(".json"), result)
-    args.out.with_suffix(".md").write_text(render(result))
-    print(render(result))
-    return 0
+    return write_result(args.out, result, render)
 
 
 def _f(v, spec=".2f") -> str:
@@ -550,10 +562,7 @@ def cmd_pool_report(args: argparse.Namespace) -> int:
         },
         "runs": rows,
     }
-    io.write_json(args.out.with_suffix(".json"), result)
-    args.out.with_suffix(".md").write_text(render_pool(result))
-    print(render_pool(result))
-    return 0
+    return write_result(args.out, result, render_pool)
 
 
 def render_pool(result: dict) -> str:
@@ -634,6 +643,139 @@ def render_pool(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resample_checks(checks: list[tuple[int, float]], steps: list[int], rng, window: int) -> list[float]:
+    """Gap increments at check ``steps`` drawn from recorded single-item ``checks`` ((step, gap) of every
+    run of one batch and fault): at each step, one gap not drawn before for this run, recorded within
+    ``window`` steps of it (or the nearest unused one), so every increment is a fresh item from the same
+    phase of training, as a real check draws. Recorded steps of one run with window 0 give its gaps
+    back; step 1 is scored at the run's starting parameters, where every gap is 0."""
+    import numpy as np
+
+    at = np.array([c[0] for c in checks])
+    gaps = np.array([c[1] for c in checks])
+    free = np.ones(len(checks), bool)
+    out = []
+    for t in steps:
+        if t == 1:
+            out.append(0.0)
+            continue
+        dist = np.where(free, np.abs(at - t), np.iinfo(np.int64).max)
+        near = np.flatnonzero(dist <= max(dist.min(), window))
+        pick = int(rng.choice(near))
+        free[pick] = False
+        out.append(float(gaps[pick]))
+    return out
+
+
+def checks_pilot(runs: list[dict], dp, counts: list[int], draws: int, window: int, seed: int) -> list[dict]:
+    """Runs of a profile whose probe pool is smaller than its run, simulated at other check counts through
+    the real schedule (:func:`clap.train.detector.check_steps`) and the real e-process
+    (:func:`clap.train.detector.replay`): per batch and kind (severe fault, clean), the alarm rate and the
+    median alarm share of ``draws`` simulated runs, each drawing its gaps from the kept runs' checks
+    (:func:`resample_checks`).
+
+    A pilot for choosing a probe pool, not a validation: a simulated run borrows the kept runs' items
+    (different seeds' trajectories mixed), and its draws are not independent of other simulated runs'."""
+    import numpy as np
+
+    from clap.train import detector as det
+
+    rng = np.random.default_rng(seed)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        kind = _kind(replay_run(r, dp))
+        if kind in ("severe fault", "clean"):
+            groups.setdefault((kind, r["spec"]["batch"]), []).append(r)
+    out = []
+    for (kind, batch), sel in sorted(groups.items(), key=lambda g: (g[0][0] != "severe fault", g[0][1])):
+        checks = [(c["step"], c["gap_increment"]) for r in sel for c in r["checks"]]
+        planned = sel[0]["record"]["planned_steps"]
+        for count in counts:
+            steps = det.check_steps(planned, count, 1)
+            shares, caught = [], 0
+            for _ in range(draws):
+                _, alarm = det.replay(resample_checks(checks, steps, rng, window), dp)
+                caught += alarm > 0
+                shares.append(steps[alarm - 1] / planned if alarm > 0 else math.inf)
+            n = draws
+            out.append(
+                {
+                    "kind": kind,
+                    "batch": batch,
+                    "mean_gap": statistics.fmean(g for _, g in checks),
+                    "checks": count,
+                    "runs": len(sel),
+                    "draws": n,
+                    "alarm_rate": caught / n,
+                    "median_alarm_fraction": float(np.median(shares)) if caught * 2 > n else None,
+                }
+            )
+    return out
+
+
+def cmd_checks_pilot(args: argparse.Namespace) -> int:
+    """Median alarm share against the number of checks, for the profile of ``--params`` (issue 38)."""
+    from clap.train.detector import DetectorParams
+
+    dp = cparams.section("detector", DetectorParams, args.params)
+    profile = profile_of(args.params)
+    runs = [
+        r for r in map(io.read_json, sorted(args.runs.glob("*.json"))) if r.get("profile", "demo") == profile
+    ]
+    recorded = sorted({len(r["checks"]) for r in runs})
+    steps = sorted({r["record"]["planned_steps"] for r in runs})
+    if not runs or len(recorded) != 1 or len(steps) != 1 or recorded[0] >= steps[0]:
+        raise SystemExit(
+            f"{profile}: needs runs of one check count below one planned length ({recorded}, {steps})"
+        )
+    counts = sorted({*range(recorded[0], steps[0], 4), steps[0]})
+    rows = checks_pilot(runs, dp, counts, args.draws, args.window, args.seed)
+    result = {
+        "about": "benchmarks/detector_calibration.py checks-pilot: a pilot, not a validation (see md)",
+        "command": f"python benchmarks/detector_calibration.py --params {args.params.resolve().relative_to(ROOT)} "
+        f"--runs {args.runs.resolve().relative_to(ROOT)} checks-pilot --draws {args.draws} --window {args.window} --seed {args.seed}",
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "profile": profile,
+        "planned_steps": steps[0],
+        "recorded_checks": recorded[0],
+        "runs": sorted(Spec(**r["spec"]).name for r in runs),
+        "detector": dataclasses.asdict(dp),
+        "rows": rows,
+    }
+    return write_result(args.out, result, render_checks_pilot)
+
+
+def render_checks_pilot(result: dict) -> str:
+    lines = [
+        f"# How early the detector alarms on {result['profile']} against its number of checks (a pilot)",
+        "",
+        f"Written by `{result['command']}` (commit {result['commit']}, {result['date']}; {result['machine']}; "
+        "numpy only, no training). Input: the profile's kept pool runs "
+        f"([detector_pool.md](detector_pool.md)), each with {result['recorded_checks']} single-item checks over "
+        f"{result['planned_steps']} steps. Each row re-draws every run at that many checks through the real "
+        "schedule and the real e-process under params `detector`; a simulated run's gap at a check is a recorded "
+        "single-item gap of the same batch and fault from a check within the window of that step (any seed's, "
+        "none twice in one simulated run), step 1's is 0. It mixes the kept runs' items and trajectories: "
+        "this chooses a probe pool to validate, it validates nothing (a validation is new runs at the chosen "
+        "count, constants pre-registered). One check consumes one probe item "
+        "(`probe_draw` 1), so the count is the probe pool `sizes.probe`, drawn from the training pool beside "
+        "`sizes.sft`.",
+        "",
+        "| kind | batch (mean gap, nats) | checks (probe items) | runs pooled | simulated runs | alarm rate | "
+        "median alarm at (share of steps) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['kind']} | {r['batch']} ({r['mean_gap']:+.3f}) | {r['checks']} | "
+            f"{r['runs']} | {r['draws']} | "
+            f"{r['alarm_rate']:.3f} | {_f(r['median_alarm_fraction'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
@@ -652,8 +794,23 @@ def main() -> int:
     pool = sub.add_parser("pool-report", help="the runs with the probe from the training pool (issue 38)")
     pool.add_argument("--out", type=Path, default=POOL_OUT, help="writes <out>.md and <out>.json")
     pool.add_argument("--before", type=Path, default=RUNS, help="runs of the construction it replaced")
+    pilot = sub.add_parser("checks-pilot", help="alarm time against the probe pool, from the kept pool runs")
+    pilot.add_argument("--out", type=Path, default=CHECKS_OUT, help="writes <out>.md and <out>.json")
+    pilot.add_argument(
+        "--draws", type=int, default=400, help="simulated runs per batch, fault and check count"
+    )
+    pilot.add_argument(
+        "--window", type=int, default=2, help="steps beyond the nearest check a gap may come from"
+    )
+    pilot.add_argument("--seed", type=int, default=20261207)
     args = ap.parse_args()
-    return {"run": cmd_run, "report": cmd_report, "pool-report": cmd_pool_report}[args.cmd](args)
+    commands = {
+        "run": cmd_run,
+        "report": cmd_report,
+        "pool-report": cmd_pool_report,
+        "checks-pilot": cmd_checks_pilot,
+    }
+    return commands[args.cmd](args)
 
 
 if __name__ == "__main__":
