@@ -23,7 +23,7 @@ from clap import cli, io, params
 from clap.release import prcheck as pc
 from clap.release import verify as vf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from conftest import E2E_BATCH, e2e_env, git, make_e2e_repo, repo_params, run_dv
 from clap import params
 from clap.release import verify as vf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 USER = "2027-01"  # the user's batch: not a demo batch, so data/raw/.gitignore ignores it
 STAGES = ("assetize", "normalize", "admit")
 
