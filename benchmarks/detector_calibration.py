@@ -754,7 +754,7 @@ def render_checks_pilot(result: dict) -> str:
         f"Written by `{result['command']}` (commit {result['commit']}, {result['date']}; {result['machine']}; "
         "numpy only, no training). Input: the profile's kept pool runs "
         f"([detector_pool.md](detector_pool.md)), each with {result['recorded_checks']} single-item checks over "
-        f"{result['planned_steps']} steps. Each row re-draws every run at that many checks through the real "
+        f"{result['planned_steps']} steps. Each row simulates runs of that many checks through the real "
         "schedule and the real e-process under params `detector`; a simulated run's gap at a check is a recorded "
         "single-item gap of the same batch and fault from a check within the window of that step (any seed's, "
         "none twice in one simulated run), step 1's is 0. It mixes the kept runs' items and trajectories: "
