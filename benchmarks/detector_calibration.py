@@ -697,7 +697,6 @@ def checks_pilot(runs: list[dict], dp, counts: list[int], draws: int, window: in
                 _, alarm = det.replay(resample_checks(checks, steps, rng, window), dp)
                 caught += alarm > 0
                 shares.append(steps[alarm - 1] / planned if alarm > 0 else math.inf)
-            n = draws
             out.append(
                 {
                     "kind": kind,
@@ -705,9 +704,9 @@ def checks_pilot(runs: list[dict], dp, counts: list[int], draws: int, window: in
                     "mean_gap": statistics.fmean(g for _, g in checks),
                     "checks": count,
                     "runs": len(sel),
-                    "draws": n,
-                    "alarm_rate": caught / n,
-                    "median_alarm_fraction": float(np.median(shares)) if caught * 2 > n else None,
+                    "draws": draws,
+                    "alarm_rate": caught / draws,
+                    "median_alarm_fraction": float(np.median(shares)) if caught * 2 > draws else None,
                 }
             )
     return out
@@ -800,7 +799,10 @@ def main() -> int:
         "--draws", type=int, default=400, help="simulated runs per batch, fault and check count"
     )
     pilot.add_argument(
-        "--window", type=int, default=2, help="steps beyond the nearest check a gap may come from"
+        "--window",
+        type=int,
+        default=2,
+        help="a gap comes from a check at most this many steps away (else the nearest unused)",
     )
     pilot.add_argument("--seed", type=int, default=20261207)
     args = ap.parse_args()
