@@ -23,10 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import header, machine  # noqa: E402
-
+from benchmarks.machine import header, machine  # noqa: E402
 from clap import io  # noqa: E402
 
 # variant -> (graph weights, the plugin's dynamic activation quantization group size: 0 is off)
