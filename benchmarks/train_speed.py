@@ -124,11 +124,11 @@ def run_path(
     from clap import io, params
     from clap.model.base import load_tokenizer
     from clap.task.answer import load_answer_schema
+    from clap.train.lora import lora_config
     from clap.train.sft import (
         TrainParams,
         build_examples,
         load_train_model,
-        lora_config,
         sft_config,
         training_forwards,
     )
@@ -173,12 +173,13 @@ def run_path(
             disable_tqdm=True,
         )
     rate = _rate_callback(warmup)
+    model = load_train_model(home / "models/base", f"{precision}-lora", "cpu")
     trainer = SFTTrainer(
-        model=load_train_model(home / "models/base", f"{precision}-lora", "cpu"),
+        model=model,
         args=args,
         train_dataset=Dataset.from_list(ex),
         processing_class=tok,
-        peft_config=lora_config(tp),
+        peft_config=lora_config(tp, model),
         callbacks=[rate],
     )
     if path != "plain":

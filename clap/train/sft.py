@@ -44,6 +44,7 @@ from clap.train.diagnosis import (
     logged_tokens,
     shared,
 )
+from clap.train.lora import adapted, lora_config, resolve_targets
 from clap.train.warm_start import WarmStart
 from clap.train.warm_start import adapter_dir as start_adapter_dir
 
@@ -365,20 +366,6 @@ def detector_pairing(tp: TrainParams, dp: DetectorParams, model) -> None:
         )
 
 
-def lora_config(tp: TrainParams):
-    """LoRA on every attention and MLP projection named in params."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=tp.lora_r,
-        lora_alpha=tp.lora_alpha,
-        lora_dropout=tp.lora_dropout,
-        target_modules=list(tp.target_modules),
-        task_type="CAUSAL_LM",
-        bias="none",
-    )
-
-
 LORA_KEYS = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout"}
 
 
@@ -394,7 +381,9 @@ def load_start_adapter(model, start_dir: Path, tp: TrainParams):
     from peft import PeftModel
 
     config = io.read_json(start_dir / ADAPTER_FILES[1])
-    want = {k: getattr(tp, v) for k, v in LORA_KEYS.items()} | {"target_modules": sorted(tp.target_modules)}
+    want = {k: getattr(tp, v) for k, v in LORA_KEYS.items()} | {
+        "target_modules": resolve_targets(model, tp.target_modules)
+    }
     have = {k: config.get(k) for k in LORA_KEYS} | {
         "target_modules": sorted(config.get("target_modules") or [])
     }
@@ -775,6 +764,7 @@ def _run_trainer(
         "probe_loss_end": probe_end,
         "base_sha256": mdl.base_sha256(base_dir),
         "adapter_sha256": adapter_sha,
+        **adapted(trainer.model),  # what the adapter adapts, read from the model
     }
     return TrainerRun(numbers, diag.s.rows)
 
@@ -856,7 +846,7 @@ def _build_trainer(
         args=args,
         train_dataset=Dataset.from_list(data.examples),
         processing_class=tok,
-        peft_config=lora_config(tp) if start_dir is None else None,  # a warm start is already a PeftModel
+        peft_config=lora_config(tp, model) if start_dir is None else None,  # a warm start is already a PeftModel
         callbacks=[diag, *extra_callbacks],
     )
     detector_pairing(tp, dp, trainer.model)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import reference_nll
 
+from clap import params
 from clap.errors import ClapError
 from clap.model import base as mdl
 from clap.task.answer import load_answer_schema
@@ -16,6 +17,7 @@ from clap.task.prompt import build_example
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = load_answer_schema(ROOT / "params.yaml")
+PLAIN = params.load(ROOT / "params.yaml")["base"]["plain_chat_template"]
 ANSWER = {
     "metric": "oee",
     "value": 81.5,
@@ -101,12 +103,55 @@ def test_length_batches_pad_rows_together_only_while_that_is_faster():
 
 
 def test_export_from_a_local_folder_is_reproducible(tiny_base, tmp_path):
-    spec = mdl.BaseParams(model=str(tiny_base), dtype="float32")
+    spec = mdl.BaseParams(model=str(tiny_base), dtype="float32", plain_chat_template=PLAIN)
     first = mdl.export_base(spec, tmp_path / "a")
     second = mdl.export_base(spec, tmp_path / "b")
     assert first["source_kind"] == "folder" and first["n_params"] > 0
     assert first["weights_sha256"] == second["weights_sha256"] == mdl.base_sha256(tmp_path / "a")
     assert (tmp_path / "a" / "chat_template.jinja").exists()
+    assert first["chat_template"] == "tokenizer"  # the tokenizer's own template wins over params'
+
+
+def _without_template(tiny_base: Path, out: Path) -> Path:
+    """The tiny base as a pretrained model ships: its tokenizer without a chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_base))
+    tok.chat_template = None
+    AutoModelForCausalLM.from_pretrained(str(tiny_base)).save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return out
+
+
+def test_a_base_without_a_chat_template_prompts_with_the_params_format(tiny_base, tmp_path):
+    """A pretrained base (gemma-3-270m has no template) gets params' plain format, recorded, and the
+    completion TRL and clap cut from it is the answer and the end-of-sequence token alone."""
+    src = _without_template(tiny_base, tmp_path / "src")
+    record = mdl.export_base(mdl.BaseParams(str(src), "float32", PLAIN), tmp_path / "base")
+    assert record["chat_template"] == "params"
+    tok = mdl.load_tokenizer(tmp_path / "base", padding_side="right")
+    assert tok.chat_template == PLAIN
+    enc = mdl.encode_example(tok, _example(1))
+    completion = tok.decode(enc.input_ids[enc.n_prompt :])
+    assert completion == _example(1)["completion"][0]["content"] + tok.eos_token
+    prompt = tok.decode(enc.input_ids[: enc.n_prompt])
+    assert prompt.endswith("Question: What was the OEE on L2, shift B, ticket 1?\n\nAnswer:\n")
+
+
+@pytest.mark.parametrize(
+    ("template", "rule"),
+    [
+        ("", "no_chat_template"),
+        ("{{ messages[0]['content'] }}", "bad_chat_template"),
+        ("{% if %}", "bad_chat_template"),
+    ],
+)
+def test_an_unusable_plain_template_is_refused(tiny_base, tmp_path, template, rule):
+    src = _without_template(tiny_base, tmp_path / "src")
+    with pytest.raises(ClapError, match="base.plain_chat_template") as err:
+        mdl.export_base(mdl.BaseParams(str(src), "float32", template), tmp_path / "base")
+    assert err.value.rule == rule
 
 
 def test_missing_package_is_a_clear_error():

@@ -19,6 +19,7 @@ from clap.model import base as mdl
 from clap.train import budget
 from clap.train import sft as tr
 from clap.train.budget import Estimate
+from clap.train.lora import lora_config
 
 from .test_sft import ANSWER, BP, _dp, _tp
 
@@ -85,7 +86,8 @@ def test_budget_params_come_from_release_cost_and_are_checked(tmp_path):
 def test_timed_passes_leave_weights_gradients_mode_and_rng_as_they_were(tiny_base):
     from peft import get_peft_model
 
-    model = get_peft_model(mdl.load_model(tiny_base), tr.lora_config(_tp(Path("."), lora_dropout=0.1)))
+    model = mdl.load_model(tiny_base)
+    model = get_peft_model(model, lora_config(_tp(Path("."), lora_dropout=0.1), model))
     model.eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.random.get_rng_state()

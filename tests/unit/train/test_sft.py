@@ -22,6 +22,7 @@ from clap.train import sft as tr
 from clap.train.budget import BudgetParams
 from clap.train.detector import DetectorParams
 from clap.train.diagnosis import Diagnosis, probe_order
+from clap.train.lora import lora_config
 from clap.train.warm_start import WarmStart
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -342,7 +343,7 @@ def test_compact_lm_head_gives_the_same_loss_and_gradients(tiny_base):
 
     model = mdl.load_model(tiny_base)
     add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
-    model = get_peft_model(model, tr.lora_config(_tp(Path("."))))
+    model = get_peft_model(model, lora_config(_tp(Path(".")), model))
     ids = torch.arange(100, 164)[None]
     labels = ids.clone()
     labels[:, :40] = -100
@@ -364,9 +365,8 @@ def test_fused_lora_update_gives_the_same_loss_and_gradients(tiny_base, dropout)
     from peft import get_peft_model
     from peft.tuners.lora.layer import Linear
 
-    model = get_peft_model(
-        mdl.load_model(tiny_base), tr.lora_config(_tp(Path("."), lora_dropout=dropout, lora_alpha=24))
-    )
+    model = mdl.load_model(tiny_base)
+    model = get_peft_model(model, lora_config(_tp(Path("."), lora_dropout=dropout, lora_alpha=24), model))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)  # a trained adapter: the LoRA branch contributes
@@ -389,7 +389,8 @@ def test_fused_lora_update_gives_the_same_loss_and_gradients(tiny_base, dropout)
 def test_fused_lora_update_leaves_a_switched_off_adapter_and_autocast_to_peft(tiny_base):
     from peft import get_peft_model
 
-    model = get_peft_model(mdl.load_model(tiny_base), tr.lora_config(_tp(Path("."))))
+    model = mdl.load_model(tiny_base)
+    model = get_peft_model(model, lora_config(_tp(Path(".")), model))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)
@@ -427,7 +428,7 @@ def test_bf16_training_forwards_skip_the_lossless_input_casts(tiny_base):
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     model = tr.load_train_model(tiny_base, "bf16-lora", "cpu")
-    model = get_peft_model(model, tr.lora_config(_tp(Path("."))))
+    model = get_peft_model(model, lora_config(_tp(Path(".")), model))
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)  # a trained adapter: the LoRA branch contributes
@@ -798,12 +799,13 @@ def test_detector_pairing_accepts_the_configured_run(tmp_path, tiny_base):
     from clap import params as cparams
 
     tp = dataclasses.replace(cparams.section("train", tr.TrainParams), checkpoint_root=str(tmp_path))
-    model = get_peft_model(mdl.load_model(tiny_base), tr.lora_config(tp))
+    model = mdl.load_model(tiny_base)
+    model = get_peft_model(model, lora_config(tp, model))
     tr.detector_pairing(tp, cparams.section("detector", DetectorParams), model)
+    dropped = mdl.load_model(tiny_base)
+    dropped = get_peft_model(dropped, lora_config(dataclasses.replace(tp, lora_dropout=0.05), dropped))
     with pytest.raises(ClapError, match="dropout"):
-        tr.detector_pairing(tp, cparams.section("detector", DetectorParams),
-                            get_peft_model(mdl.load_model(tiny_base), tr.lora_config(
-                                dataclasses.replace(tp, lora_dropout=0.05))))  # fmt: skip
+        tr.detector_pairing(tp, cparams.section("detector", DetectorParams), dropped)
 
 
 def test_the_cuda_plan_its_install_extra_and_its_refusal_agree(tmp_path, monkeypatch):
