@@ -298,6 +298,9 @@ RECORD_KEY_PATTERNS: tuple[str, ...] = (
     "weights_files",
     "architecture",
     "dtype",
+    "chat_template",  # tokenizer | params: where the base's prompt format comes from
+    # the layers the adapter adapts, read from the model (their count and trainable parameters stay metrics)
+    "lora_targets",
     # detector constants echoed from params `detector` (the numbers it decides with stay:
     # detector_log_threshold, detector_max_log_e, detector_alarm_step, ...)
     "detector_enabled",
