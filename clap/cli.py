@@ -204,6 +204,16 @@ def _release_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _scenario_now(root: Path) -> dict | None:
+    """The certification status of ``root``'s scenario now (None where its params name no record)."""
+    from clap import params
+    from clap.judge import certification
+
+    path = root / "params.yaml"
+    record = params.load(path).get("calibrate", {}).get("record", "")
+    return certification.status(path, root / record) if record else None
+
+
 def _release(args: argparse.Namespace) -> int:
     from clap.release import control as release
 
@@ -216,6 +226,7 @@ def _release(args: argparse.Namespace) -> int:
         release.load_params(root),
         signing_key=args.signing_key,
         uncertified=args.uncertified,
+        scenario=_scenario_now(root),
     )
     if event["event"] == "hold":
         print(

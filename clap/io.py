@@ -206,6 +206,15 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def md5_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    """DVC 3's hash of a file: md5 of its bytes (no line-ending conversion), as dvc.lock records it."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def sha256_dir(path: Path | str) -> str:
     """Hash of a folder: sha256 over sorted (relative path, file sha256) lines."""
     path = Path(path)

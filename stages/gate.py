@@ -5,8 +5,10 @@ usage: python stages/gate.py data/eval/<b> metrics/train/<b>.json plots/train/<b
 in:  data/eval/<b>/items.parquet + manifest.json; the training curves (plots/train/<b>.csv); the flat training, admission and
      application-chain replay records (each metrics file with its record file records/<stage>/<b>.json); params.yaml `gate` (the whole release policy, `gate.chain`
      for the replay; latency is gated on the replay's per-request B_request_p95_ms) and, for the evidence,
-     `sizes admit train scoring eval`; the certification record named by `calibrate.record` (whether the
-     scenario is certified: evidence["certification"], metrics certified 0/1 and its reason)
+     `sizes admit train scoring eval`; the certification record named by `calibrate.record`, checked against
+     records/base.json (and models/base), data/raw and data/admitted of its control batches and the deciding
+     stages' code in dvc.yaml (whether the scenario is certified: evidence["certification"] with every change,
+     metrics certified 0/1 and its reason)
 out: metrics/gate/<b>.json + records/gate/<b>.json (flat, split by clap.io.split_record; decision as text and code: promote 3, canary 2, hold 1, reject 0; the
      decision without the chain checks as offline_decision; the incumbent's verdict on these items as incumbent_decision
      keep|rollback|n/a with incumbent_rule and incumbent_* numbers; the batch's decision for production as

@@ -39,7 +39,7 @@ import fcntl
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -513,13 +513,20 @@ def _verified_claims(
     return all_claims, binding
 
 
-def _require_certified(root: Path, batch: str, uncertified: str) -> dict[str, str]:
+def _require_certified(
+    root: Path, batch: str, uncertified: str, scenario: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The batch's gate decision must have been made in a certified scenario (its gate record's
-    ``certified``), or the releaser says why it ships anyway (``uncertified``: recorded in the event)."""
+    ``certified``) that is still certified now (``scenario``: :func:`clap.judge.certification.status`
+    read at release time, when given: the base, data, params or code may have changed since the gate
+    ran), or the releaser says why it ships anyway (``uncertified``: recorded in the event)."""
     gate = gate_decision(root, batch)
-    if gate.get("certified") == 1:
+    if gate.get("certified") == 1 and (scenario is None or scenario["certified"]):
         return {}
-    why = gate.get("certification", "the gate recorded no certification status (re-run the gate)")
+    if gate.get("certified") == 1:
+        why = f"no longer certified since its gate ran: {scenario['reason']}"
+    else:
+        why = gate.get("certification", "the gate recorded no certification status (re-run the gate)")
     if not uncertified.strip():
         raise ClapError(
             f"batch {batch} was decided in an uncertified scenario ({why}): run `clap certify` and the gate "
@@ -539,6 +546,7 @@ def release(
     *,
     signing_key: Path,
     uncertified: str = "",
+    scenario: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Release ``batch`` under the approval ``tokens`` and commit ``releases/``.
 
@@ -555,6 +563,8 @@ def release(
             ``model_signing.pub`` and the event records their sha256.
         uncertified: why a batch decided in an uncertified scenario ships anyway; empty: such a
             batch is refused (:mod:`clap.judge.certification`).
+        scenario: the scenario's certification status now (``clap release`` reads it); a batch whose
+            gate said certified is refused when it no longer is. None: the gate's word is taken.
 
     Returns:
         The history event written (plus ``release_commit``): ``event`` is ``release``, or
@@ -569,7 +579,7 @@ def release(
     load_signing_key(signing_key)  # a missing or wrong key is refused before anything else
     with _locked(root):
         tokens = [tokens] if isinstance(tokens, str) else list(tokens)
-        change = _plan_release(root, batch, tokens, p, signing_key, uncertified)
+        change = _plan_release(root, batch, tokens, p, signing_key, uncertified, scenario)
         return _record(
             root,
             change.event,
@@ -601,13 +611,14 @@ def _plan_release(
     p: ReleaseParams,
     signing_key: Path,
     uncertified: str,
+    scenario: Mapping[str, Any] | None = None,
 ) -> _Change:
     """Every check of a release, then what it writes: a hold when the cost is over budget and
     policy holds, else the release (new pointer, signed adapter, consumed approvals, GTO tags).
     Writes nothing; raises why the release is refused."""
     every, binding = _verified_claims(root, batch, tokens, p)
     claims = every[0]
-    override = _require_certified(root, batch, uncertified)
+    override = _require_certified(root, batch, uncertified, scenario)
     pointer = read_pointer(root)
     if pointer.get("batch") == batch and pointer.get("adapter_sha256") == binding.adapter_sha256:
         raise ClapError(f"batch {batch} with this adapter is already in production", rule="already_released")
