@@ -4,7 +4,7 @@ Eval, replay, serving and GRPO rollouts run three shapes of SmolLM2-135M arithme
 (rows x many new positions after the shared prefix), a batched decode step (one position for each of up
 to ``eval.batch_size`` rows) and a one-request decode step (serving, replay's timed requests). This times
 each shape on clap's torch path and on its openvino engine at f32, bf16 and int8 weights (the graph
-:func:`clap.model.engine.llama_graph` builds; the settings :class:`clap.model.engine.OpenVINOModel`
+:func:`clap.model.ov_graph.causal_lm_graph` builds; the settings :class:`clap.model.engine.OpenVINOModel`
 compiles with), medians of ``--repeats``, and states each as GFLOP/s of the decoder body: 2 x the
 non-embedding parameters per position computed (the output layer, applied at each row's last position
 only, is not counted). A rate near the machine's practical peak says the shape is compute bound: only

@@ -14,7 +14,7 @@ answers differ the work differs too (a rambling row keeps a batch decoding to ``
 each row also states the tokens generated (GenAI's text re-tokenized) and tokens per second.
 
 GenAI is optional (``pip install --no-deps openvino-genai==2026.4.1.0 openvino-tokenizers==2026.4.1.0``);
-it runs the graph clap builds (``clap.model.engine.llama_graph``, saved uncompressed at f32) with
+it runs the graph clap builds (``clap.model.ov_graph.causal_lm_graph``, saved uncompressed at f32) with
 tokenizer models converted by openvino-tokenizers: the graph, not the exporter, is held fixed. Each
 GenAI run gets a fresh pipeline, so its prefix cache holds nothing from an earlier run.
 
@@ -45,8 +45,9 @@ from clap.data.normalize import normalize_params  # noqa: E402
 from clap.judge.evaluation import eval_params  # noqa: E402
 from clap.model import generate as clap_generate  # noqa: E402
 from clap.model.base import load_model, load_tokenizer  # noqa: E402
-from clap.model.engine import PRECISIONS, OpenVINOModel, llama_graph  # noqa: E402
+from clap.model.engine import PRECISIONS, OpenVINOModel  # noqa: E402
 from clap.model.generate import generate_batched  # noqa: E402
+from clap.model.ov_graph import causal_lm_graph  # noqa: E402
 from clap.stage import reuse_freed_memory  # noqa: E402
 from clap.task.scoring import scoring_params  # noqa: E402
 
@@ -77,7 +78,7 @@ def _genai(model, tok, base: Path, precision: str, threads: int, folder: Path):
     folder = folder / weights
     if not (folder / "openvino_model.xml").exists():
         folder.mkdir(parents=True)
-        ov.save_model(llama_graph(model, weights), folder / "openvino_model.xml", compress_to_fp16=False)
+        ov.save_model(causal_lm_graph(model, weights), folder / "openvino_model.xml", compress_to_fp16=False)
         for name, m in zip(("tokenizer", "detokenizer"), convert_tokenizer(tok, with_detokenizer=True)):
             ov.save_model(m, folder / f"openvino_{name}.xml")
         for f in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"):

@@ -4,7 +4,7 @@
 (``benchmarks/engine_stages.py``) mixes the two phases of generation: prefill, a long prompt's forward,
 bound by compute; decode, one token per step, bound by reading the weights. This times them apart, one
 request at a time (batch 1, what ``clap serve`` and replay's latency sample pay), on the graph the
-engine builds (``clap.model.engine.llama_graph``) compiled as :class:`clap.model.engine.OpenVINOModel`
+engine builds (``clap.model.ov_graph.causal_lm_graph``) compiled as :class:`clap.model.engine.OpenVINOModel`
 compiles it, for f32, int8 with the plugin's dynamic activation quantization (clap's ``int8``) and
 int8 weight-only (activations stay f32), at each prompt length. Prompts are random token ids: the
 compute does not depend on them. Runs alternate between variants in each repeat; results are medians.
@@ -39,10 +39,10 @@ def compile_variants(base: Path, threads: int) -> dict:
     import openvino as ov
 
     from clap.model.base import load_model
-    from clap.model.engine import llama_graph
+    from clap.model.ov_graph import causal_lm_graph
 
     model = load_model(base, None)
-    graphs = {w: llama_graph(model, w) for w in ("f32", "int8")}
+    graphs = {w: causal_lm_graph(model, w) for w in ("f32", "int8")}
     return {
         name: ov.Core()
         .compile_model(

@@ -24,7 +24,7 @@ from clap.chain.grounding import answer_space
 from clap.data.normalize import normalize_params
 from clap.judge.evaluation import eval_params, evaluate, flat_metrics, incumbent_spec, manifest, model_specs
 from clap.model.base import default_device
-from clap.model.engine import engine_label
+from clap.model.engine import choose_engine, model_config
 from clap.task.scoring import scoring_params
 from schemas.eval import EvalTimings, eval_items
 from schemas.normalized import validate_frame
@@ -56,7 +56,7 @@ def run(admitted: Path, base: Path, adapter: Path, pointer: Path, out_dir: Path,
         **flat_metrics(scored, timings, specs, sp.answer),
         **diagnostics,
         "decoding": ep.decoding,
-        "generation_engine": engine_label(ep.engine, default_device()),
+        **choose_engine(ep.engine, default_device(), model_config(base)).record(),
         **determinism.frame_hashes(out_dir, {"items": scored}),
         **determinism.record(dp, default_device()),
         "torch_threads": torch_threads(),

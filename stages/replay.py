@@ -34,7 +34,7 @@ from clap.judge.replay import (
     score_conditions,
 )
 from clap.model.base import ADAPTER_FILE, base_sha256, default_device
-from clap.model.engine import engine_label
+from clap.model.engine import choose_engine, model_config
 from clap.task.scoring import scoring_params
 from schemas.normalized import validate_frame
 from schemas.replay import ReplayPlot, ReplayRequests, ReplayTimings, replay_cases
@@ -94,7 +94,7 @@ def run(
         "wall_s": round(time.perf_counter() - started, 3),
         "device": default_device(),
         "decoding": cp.decoding,
-        "generation_engine": engine_label(cp.engine, default_device()),
+        **choose_engine(cp.engine, default_device(), model_config(base)).record(),
         **memo_log,
     }
     io.write_metrics_and_record(metrics_path, io.record_path(metrics_path), metrics)

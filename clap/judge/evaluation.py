@@ -290,12 +290,13 @@ def generate_for(
     (``memo_log`` gets ``<role>_answers_memo``: ``reused <key>`` or ``generated <key>``).
     """
     from clap.model.base import default_device, load_tokenizer
-    from clap.model.engine import engine_label, load_generator
+    from clap.model.engine import engine_label, load_generator, model_config
     from clap.model.memo import base_memo
 
     k = min(p.free_diagnostic_items, len(chats)) if p.decoding == "constrained" else 0
     device = default_device()
-    memo = base_memo(base_dir, engine_label(p.engine, device), device) if spec.adapter_dir is None else None
+    label = engine_label(p.engine, device, model_config(base_dir))
+    memo = base_memo(base_dir, label, device) if spec.adapter_dir is None else None
     if memo is not None:
         key = memo.key(
             chats,

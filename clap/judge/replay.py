@@ -49,7 +49,7 @@ from clap.errors import ClapError
 from clap.judge.evaluation import EvalParams, score_generations
 from clap.judge.scored import scored_columns
 from clap.model.base import default_device
-from clap.model.engine import engine_label
+from clap.model.engine import engine_label, model_config
 from clap.model.memo import base_memo
 from clap.params import check_keys
 from clap.progress import Progress
@@ -207,7 +207,7 @@ def run_conditions(
     out: dict[str, list[ChainAnswer]] = {}
     rag_chains: dict[str, Chain] = {}
     device = default_device()
-    memo = base_memo(base_dir, engine_label(cp.engine, device), device)
+    memo = base_memo(base_dir, engine_label(cp.engine, device, model_config(base_dir)), device)
     for model, adapter in models.items():
         chain = load_chain(base_dir, adapter, index, cp, space)
         for cond, (m, rag) in CONDITIONS.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,13 +19,13 @@ from clap.model.constrain import Constraint, Grammars
 from clap.model.engine import (
     EngineParams,
     OpenVINOModel,
+    choose_engine,
     engine_label,
-    int8_weights,
-    llama_graph,
     load_generator,
     resolve_engine,
 )
 from clap.model.generate import generate_batched, stop_ids
+from clap.model.ov_graph import causal_lm_graph, int8_weights, unsupported
 from clap.task.answer import load_answer_schema
 from clap.task.prompt import answer_json_schema, build_messages
 
@@ -195,7 +196,7 @@ def test_the_int8_graph_computes_the_dequantized_model(pair):
     model = pair[0]
     ids, mask, positions = _ids(model)
     compiled = ov.Core().compile_model(
-        llama_graph(model, "int8"),
+        causal_lm_graph(model, "int8"),
         "CPU",
         {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
     )
@@ -233,36 +234,34 @@ def test_load_generator_merges_the_adapter_then_compiles(tiny_base, monkeypatch)
     monkeypatch.setattr(
         "clap.model.base.default_device", lambda: "cuda"
     )  # openvino compiles for the CPU only
-    monkeypatch.setattr("clap.model.base.load_model", lambda *a: "the torch model")
-    assert load_generator(tiny_base, None, EngineParams("openvino", "f32")) == "the torch model"
+    torch_model = SimpleNamespace(config=None)
+    monkeypatch.setattr("clap.model.base.load_model", lambda *a: torch_model)
+    assert load_generator(tiny_base, None, EngineParams("openvino", "f32")) is torch_model
 
 
 @pytest.mark.parametrize(
     "change, why",
     [
-        ({"model_type": "mistral"}, "model_type"),
-        ({"attention_bias": True}, "attention_bias"),
-        ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}, "rope_type"),
+        ({"model_type": "gpt_neox"}, "model_type 'gpt_neox'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+            "rope_type dynamic",
+        ),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type longrope"),
+        ({"rope_parameters": {"rope_type": "not-a-rope", "rope_theta": 1e4}}, "rope_type not-a-rope"),
     ],
 )
 def test_a_model_the_graph_cannot_express_is_refused(pair, change, why):
-    model = pair[0]
-
-    config = copy.deepcopy(model.config)
+    config = copy.deepcopy(pair[0].config)
     for key, value in change.items():
         setattr(config, key, value)
-
-    class Shim:  # the model with one config field changed
-        def __init__(self):
-            self.config = config
-
-        def state_dict(self):
-            return model.state_dict()
-
+    assert why in unsupported(config)
     with pytest.raises(ClapError, match=why) as err:
-        llama_graph(Shim())
+        causal_lm_graph(SimpleNamespace(config=config))  # refused before any weight is read
     assert err.value.rule == "engine_unsupported"
+    choice = choose_engine(EngineParams("openvino", "int8"), "cpu", config)
+    assert (choice.name, choice.label) == ("torch", "torch-f32") and why in choice.fallback
 
 
 def test_engine_params_are_checked():
@@ -276,18 +275,22 @@ def test_engine_params_are_checked():
 
 
 @pytest.mark.parametrize(
-    "name, precision, device, engine, label",
+    "name, precision, device, engine, label, fallback",
     [
-        ("openvino", "f32", "cpu", "openvino", "openvino-f32"),
-        ("openvino", "bf16", "cpu", "openvino", "openvino-bf16"),
-        ("openvino", "int8", "cpu", "openvino", "openvino-int8"),
-        ("openvino", "f32", "cuda", "torch", "torch-bf16"),
-        ("torch", "f32", "cpu", "torch", "torch-f32"),
+        ("openvino", "f32", "cpu", "openvino", "openvino-f32", ""),
+        ("openvino", "bf16", "cpu", "openvino", "openvino-bf16", ""),
+        ("openvino", "int8", "cpu", "openvino", "openvino-int8", ""),
+        ("openvino", "f32", "cuda", "torch", "torch-bf16", "openvino compiles for the CPU only, not cuda"),
+        ("torch", "f32", "cpu", "torch", "torch-f32", ""),
     ],
 )
-def test_resolved_engine_and_its_label(name, precision, device, engine, label):
-    p = EngineParams(name, precision)
-    assert resolve_engine(p, device) == engine and engine_label(p, device) == label
+def test_resolved_engine_and_its_label(pair, name, precision, device, engine, label, fallback):
+    p, config = EngineParams(name, precision), pair[0].config
+    assert resolve_engine(p, device, config) == engine and engine_label(p, device, config) == label
+    assert choose_engine(p, device, config).record() == {
+        "generation_engine": label,
+        "engine_fallback": fallback,
+    }
 
 
 @pytest.mark.parametrize("engine", ["torch", "openvino"])
