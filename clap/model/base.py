@@ -337,7 +337,15 @@ def _gqa_sdpa_forward(
 
     q_len = query.shape[2]
     grouped = getattr(module, "num_key_value_groups", 1) > 1
-    if q_len == 1 or not grouped or attention_mask is None or kwargs.get("position_bias") is not None:
+    # soft-capped scores (Gemma 2, or a Gemma 3 with a cap set) need the scores themselves: transformers' path
+    capped = kwargs.get("softcap") is not None
+    if (
+        q_len == 1
+        or not grouped
+        or attention_mask is None
+        or capped
+        or kwargs.get("position_bias") is not None
+    ):
         return sdpa_attention_forward(
             module,
             query,
@@ -437,13 +445,23 @@ class Prefix:
 
 
 def prefix_cache(model, ids: Sequence[int]) -> Prefix:
-    """The keys and values of ``ids`` under ``model`` as it is now (LoRA layers as switched), one forward."""
+    """The keys and values of ``ids`` under ``model`` as it is now (LoRA layers as switched), one forward.
+
+    Every layer keeps every key: the cache a sliding-window model makes for itself keeps only its
+    window's last keys, which the rows' caches would then take for the whole prefix.
+    """
     import torch
+
+    from clap.model.kv import buffered_cache
 
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     device = lm.get_output_embeddings().weight.device
     with torch.no_grad():
-        out = lm.get_decoder()(input_ids=torch.tensor([list(ids)], device=device), use_cache=True)
+        out = lm.get_decoder()(
+            input_ids=torch.tensor([list(ids)], device=device),
+            cache=buffered_cache(None, 1, len(ids)),
+            use_cache=True,
+        )
     return Prefix(tuple(int(i) for i in ids), out.cache)
 
 

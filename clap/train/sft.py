@@ -846,7 +846,7 @@ def _build_trainer(
         args=args,
         train_dataset=Dataset.from_list(data.examples),
         processing_class=tok,
-        peft_config=lora_config(tp, model) if start_dir is None else None,  # a warm start is already a PeftModel
+        peft_config=None if start_dir is not None else lora_config(tp, model),  # a warm start is a PeftModel
         callbacks=[diag, *extra_callbacks],
     )
     detector_pairing(tp, dp, trainer.model)

@@ -170,12 +170,18 @@ def test_adapter_folder_without_weights_is_refused(tiny_base, tmp_path):
         mdl.load_model(tiny_base, tmp_path / "adapter")
 
 
-def test_a_cached_prefix_scores_as_the_full_forward(tiny_base):
-    """Items that start with the prefix are fed only their tokens after it; others in full; same scores."""
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma3"])
+def test_a_cached_prefix_scores_as_the_full_forward(tiny_base, tmp_path, family):
+    """Items that start with the prefix are fed only their tokens after it; others in full; same scores.
+    Also where sliding-window layers (window 8, tests/families.py) see only part of the prefix: its
+    cache must still hold every key, as the rows' forwards attend to it by position."""
+    from families import make_tiny_family
+
     from clap.model.kv import shared_prefix_length
 
-    tok = mdl.load_tokenizer(tiny_base, padding_side="right")
-    model = mdl.load_model(tiny_base)
+    base = tiny_base if family == "llama" else make_tiny_family(family, tmp_path / family, seed=3)
+    tok = mdl.load_tokenizer(base, padding_side="right")
+    model = mdl.load_model(base)
     # larger random weights than the tiny init: every score then depends on every earlier token,
     # so a wrong cache, position or mask shows
     gen = torch.Generator().manual_seed(0)
@@ -197,6 +203,8 @@ def test_a_cached_prefix_scores_as_the_full_forward(tiny_base):
     assert [s for s, _ in cached] == pytest.approx([s for s, _ in full], rel=1e-5)
     one_by_one = mdl.completion_nll(model, items, max_tokens=1, prefix=prefix)  # a forward per item
     assert [s for s, _ in one_by_one] == pytest.approx([s for s, _ in full[:4]], rel=1e-5)
+    if family == "mistral":  # every layer sliding: a completion token sees only its window, not the prefix
+        return
     # the cache is what the suffixes attend to: the keys and values of other tokens give other scores
     wrong = mdl.Prefix(prefix.ids, mdl.prefix_cache(model, prefix.ids[::-1]).cache)
     assert mdl.completion_nll(model, items, max_tokens=10_000, prefix=wrong)[0][0] != pytest.approx(
