@@ -1,7 +1,8 @@
 """Pandera models of data/admitted/<batch>/ (docs/data-contract.md, "Admitted").
 
 The admitted splits keep the normalized columns (built from the declared answer); :class:`AdmittedSet` is the
-dataframe-level zero-overlap check over all admitted splits together.
+dataframe-level zero-overlap check over all admitted splits together; :func:`unseen_in_earlier_training`
+checks a held-out or GRPO split against what earlier batches trained on.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
+from clap.data.admission import Seen, question_answer_key
 from clap.data.normalize import Vocab
+from clap.task.answer import AnswerSchema
 from schemas.normalized import normalized_items, normalized_kb
 
 # sft and grpo are both drawn from the training pool and may share items; every other
@@ -56,3 +59,20 @@ class AdmittedSet(pa.DataFrameModel):
         return ~df.duplicated(["role", "item_id"], keep=False) & ~df.duplicated(
             ["role", "input_hash"], keep=False
         )
+
+
+def unseen_in_earlier_training(seen: Seen, answer: AnswerSchema) -> pa.DataFrameSchema:
+    """An admitted grpo/eval/probe/replay split: no item whose input hash, or whose normalized question
+    with its answer, is in an earlier batch's training pool (``seen``: clap.data.admission.seen_in_training)."""
+
+    def by_question_answer(df: pd.DataFrame) -> pd.Series:
+        keys = [question_answer_key(row, answer) for _, row in df.iterrows()]
+        return pd.Series([k not in seen.question_answer for k in keys], index=df.index, dtype=bool)
+
+    return pa.DataFrameSchema(
+        checks=[
+            pa.Check(lambda df: ~df["input_hash"].isin(seen.input_hash), name="unseen_input_hash"),
+            pa.Check(by_question_answer, name="unseen_question_answer"),
+        ],
+        name="UnseenInEarlierTraining",
+    )

@@ -1,9 +1,11 @@
 """admit: the pre-training gate for one batch, recomputed from the normalized data.
 
-usage: python stages/admit.py data/normalized/<b> data/admitted/<b> metrics/admit/<b>.json
+usage: python stages/admit.py data/normalized/<b> data/admitted/<b> metrics/admit/<b>.json data/normalized
 
-in:  data/normalized/<b>/{sft,grpo,eval,replay,kb}.parquet; params.yaml `admit`, `sizes`,
-     `normalize` (evidence vocabulary), `scoring` (the GRPO reward)
+in:  data/normalized/<b>/{sft,grpo,eval,replay,kb}.parquet; the training pool of every batch before <b>
+     in params `batches`, data/normalized/<earlier>/sft.parquet (what earlier adapters may have trained on:
+     excluded from <b>'s held-out and GRPO splits, clap/data/admission.py); params.yaml `batches`, `admit`,
+     `sizes`, `normalize` (evidence vocabulary), `scoring` (the GRPO reward)
 out: data/admitted/<b>/{sft,grpo,eval,probe,replay,kb}.parquet and admission.json (verdict,
      reasons, every check); flat metrics json (`admitted` 0/1). A batch that is not admitted
      still gets every file: later stages read the verdict and refuse to train or promote it.
@@ -16,18 +18,33 @@ import time
 from pathlib import Path
 
 from clap import io, params, stage
-from clap.data.admission import AdmitParams, SplitSizes, admit_batch, admitted_set
+from clap.data.admission import AdmitParams, SplitSizes, admit_batch, admitted_set, seen_in_training
 from clap.data.normalize import build_vocab, normalize_params
 from clap.determinism import frame_hashes
+from clap.errors import ClapError
 from clap.task.scoring import reward, scoring_params
-from schemas.admitted import AdmittedSet, admitted_items, admitted_kb
+from schemas.admitted import AdmittedSet, admitted_items, admitted_kb, unseen_in_earlier_training
 from schemas.normalized import normalized_items, normalized_kb, validate_frame
 
-USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON"
+USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON NORMALIZED_ROOT"
 POOLS = ("sft", "grpo", "eval", "replay", "kb")
 
 
-def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
+def earlier_batches(batch: str) -> list[str]:
+    """The batches before ``batch`` in params ``batches`` (error when it is not listed: no order)."""
+    listed = params.load().get("batches")
+    listed = [listed] if isinstance(listed, str) else list(listed or [])
+    if batch not in listed:
+        raise ClapError(
+            f"batch {batch!r} is not in params `batches` {listed}: which batches came before it is unknown",
+            file=params.DEFAULT_PATH,
+            column="batches",
+            rule="batch_not_listed",
+        )
+    return listed[: listed.index(batch)]
+
+
+def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path) -> dict:
     """Admit one batch and write its folder and metrics; returns the admission record."""
     started = time.perf_counter()
     p = params.section("admit", AdmitParams)
@@ -42,8 +59,23 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
         )
         for name in POOLS
     }
+    earlier = {
+        b: validate_frame(
+            normalized_items(vocab),
+            io.read_parquet(normalized_root / b / "sft.parquet"),
+            str(normalized_root / b / "sft.parquet"),
+        )
+        for b in earlier_batches(src.name)
+    }
     result = admit_batch(
-        pools, sizes, p, vocab, lambda text, gold, ctx: reward(text, gold, ctx, sp), out_dir.name, sp.answer
+        pools,
+        sizes,
+        p,
+        vocab,
+        lambda text, gold, ctx: reward(text, gold, ctx, sp),
+        out_dir.name,
+        sp.answer,
+        seen_in_training(earlier, sp.answer),
     )
     frames = {
         name: validate_frame(
@@ -53,6 +85,11 @@ def run(src: Path, out_dir: Path, metrics_path: Path) -> dict:
         )
         for name, df in result.frames.items()
     }
+    seen = seen_in_training(earlier, sp.answer)
+    for name in ("grpo", "eval", "probe", "replay"):  # excluded by construction: a failure here is a bug
+        validate_frame(
+            unseen_in_earlier_training(seen, sp.answer), frames[name], str(out_dir / f"{name}.parquet")
+        )
     if result.record["verdict"]:
         # an admitted batch must be leak-free as a whole; a refused one is written as is, for inspection
         validate_frame(AdmittedSet, admitted_set(frames), str(out_dir / "admission.json"))
@@ -80,4 +117,4 @@ def describe(argv, record: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (3,), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (4,), run, describe))

@@ -10,13 +10,38 @@ canary. The verdict is the conjunction of the blocking checks.
 Static admission is necessary, not sufficient: a batch whose answers were permuted across
 items passes every check here (values, quotes and documents stay mutually consistent) and
 is meant to be caught at runtime by the TBDL detector and the held-out gate.
+
+**Across batches: no held-out item was trained on by the model it judges.** Zero overlap within a
+batch does not stop a later batch's eval item from being an item an earlier batch's adapter trained
+on, and that adapter may be the incumbent the candidate is compared against, or the warm start the
+candidate continues (``clap.release.lineage``). So every item whose input hash, or whose normalized
+question together with its answer (:func:`question_answer_key`), appears in the *training pool*
+(normalized ``sft.parquet``) of an earlier batch is excluded from the held-out and GRPO splits: eval,
+replay and grpo lose them before their seeded draw, the probe skips them (:func:`exclude_seen`,
+:func:`select_splits`); D_sft itself is never changed (re-training on an item is no leak). Each
+exclusion is counted per split and rule (``excluded_seen_in_training_<split>`` in the metrics, the
+rules in ``admission.json``).
+
+Which batches are earlier: those before this one in params ``batches`` (the order batches arrive in);
+that covers the lineage of every adapter an earlier batch of the run can release, warm starts
+included (a warm start only continues released adapters, each of an earlier batch). The earlier
+batches' training *pool* is used, not their admitted D_sft: a superset of what any of their adapters
+trained on under any ``sizes.sft`` or ``admit.seed``, and readable without a cycle. The stage reads
+``data/normalized/<earlier>/sft.parquet`` and dvc.yaml lists the whole ``data/normalized`` folder as a
+dep of every ``admit@<b>``: DVC links it to every ``normalize@*`` stage (a foreach cannot list a
+varying number of per-item deps), and reading ``data/admitted/<earlier>`` instead would make
+``data/admitted`` a dep of the stage that writes under it, a cycle. Not covered: an adapter in
+production trained on a batch that is not in ``batches`` (a release made under another ``batches``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import json
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +61,9 @@ RewardFn = Callable[[str, Mapping[str, Any], str], float]
 SPLITS = ("sft", "grpo", "eval", "probe", "replay")
 TRAIN_SPLITS = ("sft", "grpo")
 HELD_SPLITS = ("eval", "probe", "replay")
+# Splits no item an earlier batch trained on may enter (pools filtered before their draw; the probe skips them).
+UNSEEN_SPLITS = ("grpo", "eval", "replay")
+SEEN_RULES = ("input_hash", "question_answer")
 # Fixed random-stream index per use, so adding a split never reshuffles another one.
 _STREAMS = {"sft": 0, "grpo": 1, "eval": 2, "replay": 3, "canary": 4}
 
@@ -98,13 +126,75 @@ def check(
 # --------------------------------------------------------------------------- selection
 
 
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What earlier batches trained on: their training pools' input hashes and question-answer keys."""
+
+    batches: tuple[str, ...]
+    input_hash: frozenset[str]
+    question_answer: frozenset[str]
+
+
+NOTHING_SEEN = Seen((), frozenset(), frozenset())
+
+
+def question_answer_key(row: Mapping[str, Any], schema: AnswerSchema) -> str:
+    """sha256 of an item's normalized question (its words, :func:`clap.task.scoring.normalize_text`
+    folded, punctuation dropped) with its answer (every key field and the value): the same question
+    asked about the same fact, whatever its spacing, quotes or punctuation."""
+    words = " ".join(re.findall(r"\w+", normalize_text(row["question"]) or ""))
+    value = row[schema.value]
+    answer = {
+        **{k: str(row[k]) for k in schema.keys},
+        "value": str(value if schema.value_is_text else float(value)),
+    }
+    return hashlib.sha256(json.dumps([words, answer], sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def seen_in_training(earlier: Mapping[str, pd.DataFrame], schema: AnswerSchema) -> Seen:
+    """:class:`Seen` of the earlier batches' training pools (``batch -> normalized sft frame``)."""
+    frames = list(earlier.values())
+    hashes = {h for df in frames for h in df["input_hash"]}
+    keys = {question_answer_key(row, schema) for df in frames for _, row in df.iterrows()}
+    return Seen(tuple(earlier), frozenset(hashes), frozenset(keys))
+
+
+def seen_rule(items: pd.DataFrame, seen: Seen, schema: AnswerSchema) -> pd.Series:
+    """Per item, the first rule of :data:`SEEN_RULES` by which earlier training saw it ("" if none)."""
+    by_hash = items["input_hash"].isin(seen.input_hash)
+    by_key = pd.Series(
+        [question_answer_key(row, schema) in seen.question_answer for _, row in items.iterrows()],
+        index=items.index,
+        dtype=bool,
+    )
+    return pd.Series(
+        np.where(by_hash, "input_hash", np.where(by_key, "question_answer", "")), index=items.index
+    )
+
+
+def exclude_seen(
+    pools: Mapping[str, pd.DataFrame], seen: Seen, schema: AnswerSchema
+) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], frozenset[str]]:
+    """The pools without the items earlier training saw, in :data:`UNSEEN_SPLITS`; the count per split
+    and rule; and the IDs of the training pool's seen items (kept in D_sft's draw, never a probe item)."""
+    out, counts = dict(pools), {}
+    for name in UNSEEN_SPLITS:
+        rule = seen_rule(pools[name], seen, schema)
+        out[name] = pools[name][rule == ""].reset_index(drop=True)
+        counts[name] = {r: int((rule == r).sum()) for r in SEEN_RULES}
+    never_probe = pools["sft"]["item_id"][seen_rule(pools["sft"], seen, schema) != ""]
+    return out, counts, frozenset(never_probe)
+
+
 def select(pool: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
     """A seeded permutation of ``pool`` (sorted by item_id first, so input order does not matter), first ``n``."""
     ordered = pool.sort_values("item_id", kind="stable").reset_index(drop=True)
     return ordered.iloc[rng.permutation(len(ordered))[:n]].reset_index(drop=True)
 
 
-def select_splits(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, seed: int) -> dict[str, pd.DataFrame]:
+def select_splits(
+    pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, seed: int, never_probe: frozenset[str] = frozenset()
+) -> dict[str, pd.DataFrame]:
     """The admitted splits: seeded draws of sft, grpo, eval and replay from their declared pools, and the
     TBDL detector's probe from the *training* pool.
 
@@ -114,7 +204,8 @@ def select_splits(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, seed: in
     the same admitted pool, whatever split the source declares (its train items may differ in date,
     document or phrasing from its eval items), so on a clean batch an unseen training item and an unseen
     probe item have the same expected improvement, the exchangeability the detector's false-alarm bound
-    rests on (docs/detector.md). The probe is never trained on and is disjoint from eval and replay.
+    rests on (docs/detector.md). The probe is never trained on and is disjoint from eval and replay;
+    it also skips the items ``never_probe`` names (an earlier batch trained on them: :func:`exclude_seen`).
     """
     rng = {k: np.random.default_rng([seed, i]) for k, i in _STREAMS.items()}
     out = {name: select(pools[name], getattr(sizes, name), rng[name]) for name in ("grpo", "eval", "replay")}
@@ -123,6 +214,7 @@ def select_splits(pools: Mapping[str, pd.DataFrame], sizes: SplitSizes, seed: in
     rest = train_pool.iloc[sizes.sft :]
     used = pd.concat([out[name] for name in ("sft", "grpo", "eval", "replay")])
     unseen = ~rest["item_id"].isin(used["item_id"]) & ~rest["input_hash"].isin(used["input_hash"])
+    unseen &= ~rest["item_id"].isin(never_probe)
     out["probe"] = rest[unseen].iloc[: sizes.probe].reset_index(drop=True)
     return {name: out[name] for name in ("sft", "grpo", "eval", "probe", "replay")}
 
@@ -529,6 +621,7 @@ def admit_batch(
     reward_fn: RewardFn,
     batch: str,
     schema: AnswerSchema,
+    seen: Seen = NOTHING_SEEN,
 ) -> AdmissionResult:
     """Select and check one batch's admitted data.
 
@@ -541,12 +634,17 @@ def admit_batch(
             passes ``clap.task.scoring.reward`` with the ``scoring`` params and the answer schema.
         batch: the batch name (recorded).
         schema: the declared answer (perturbations, the key fields of the balance checks).
+        seen: what earlier batches trained on (:func:`seen_in_training`); excluded from every split but sft.
 
     Returns:
         AdmissionResult; ``record["verdict"]`` is True iff every blocking check passed.
     """
     check_key_params(p, schema)
-    admitted = select_splits(pools, sizes, p.seed)
+    unseen_pools, excluded, never_probe = exclude_seen(pools, seen, schema)
+    admitted = select_splits(unseen_pools, sizes, p.seed, never_probe)
+    outside_sft = pools["sft"][~pools["sft"]["item_id"].isin(admitted["sft"]["item_id"])]
+    probe_rule = seen_rule(outside_sft, seen, schema)  # the training pool's seen items the probe may not take
+    excluded["probe"] = {r: int((probe_rule == r).sum()) for r in SEEN_RULES}
     items = pd.concat([pools[s] for s in ("sft", "grpo", "eval", "replay")])
     domain = {k: sorted(items[k].unique()) for k in schema.keys if schema.field(k).type != "date"}
     names = list(schema.perturbations)
@@ -558,6 +656,7 @@ def admit_batch(
     counts = {
         **{f"pool_{s}": len(pools[s]) for s in ("sft", "grpo", "eval", "replay", "kb")},
         **{f"n_{s}": len(admitted[s]) for s in SPLITS},
+        **{f"excluded_seen_in_training_{s}": sum(excluded[s].values()) for s in (*UNSEEN_SPLITS, "probe")},
     }
     record = {
         "batch": batch,
@@ -567,6 +666,7 @@ def admit_batch(
         "counts": counts,
         "grpo": grpo_stats,
         "canary": canary,
+        "seen_in_training": {"earlier_batches": list(seen.batches), "excluded": excluded},
         "hashes": {name: logical_hash(df) for name, df in frames.items()},
         "selection": {"seed": p.seed, "sizes": dataclasses.asdict(sizes), "perturbations": names},
     }

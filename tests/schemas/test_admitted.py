@@ -9,10 +9,12 @@ import pytest
 
 from clap.data.normalize import build_vocab, input_hash, normalize_params
 from clap.errors import ClapError
+from clap.task.answer import load_answer_schema
 from schemas.admitted import AdmittedSet, admitted_items, admitted_kb
 from schemas.normalized import validate_frame
 
 ROLES = ["sft", "grpo", "eval", "probe", "replay"]
+ANSWER = load_answer_schema(Path(__file__).resolve().parents[2] / "params.yaml")
 
 
 def admitted_set() -> pd.DataFrame:
@@ -84,3 +86,43 @@ def test_admitted_items_and_kb_keep_the_normalized_rules():
     validate_frame(admitted_kb(vocab), doc, "kb.parquet")
     with pytest.raises(ClapError, match="cleaned_text"):
         validate_frame(admitted_kb(vocab), doc.assign(body="OEE was 81.5 % "), "kb.parquet")
+
+
+def _held_out() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "question": ["Scrap rate on L1?", "OEE on L2?"],
+            "input_hash": [input_hash("Scrap rate on L1?"), input_hash("OEE on L2?")],
+            **{k: ["x", "y"] for k in ANSWER.keys},
+            ANSWER.value: [1.0, 2.0],
+        }
+    )
+
+
+def test_held_out_split_unseen_by_earlier_training_passes():
+    from clap.data.admission import seen_in_training
+    from schemas.admitted import unseen_in_earlier_training
+
+    earlier = _held_out().iloc[:0]
+    seen = seen_in_training({"2025-12": earlier}, ANSWER)
+    unseen_in_earlier_training(seen, ANSWER).validate(_held_out())
+
+
+@pytest.mark.parametrize(
+    ("reword", "check"),
+    [(False, "unseen_input_hash"), (True, "unseen_question_answer")],
+    ids=["hash", "reworded"],
+)
+def test_held_out_split_with_an_item_earlier_training_saw_fails(reword, check):
+    import pandera.errors
+
+    from clap.data.admission import seen_in_training
+    from schemas.admitted import unseen_in_earlier_training
+
+    earlier = _held_out().iloc[:1].copy()
+    if reword:
+        earlier["question"] = "scrap rate, on L1 ?"
+        earlier["input_hash"] = earlier["question"].map(input_hash)
+    seen = seen_in_training({"2025-12": earlier}, ANSWER)
+    with pytest.raises(pandera.errors.SchemaError, match=check):
+        unseen_in_earlier_training(seen, ANSWER).validate(_held_out())

@@ -426,3 +426,47 @@ def test_evidence_in_context_is_recorded_as_a_diagnostic_only(clean):
     assert canary["evidence_in_context_rate_real"] == 1.0
     assert canary["evidence_in_context_rate_shuffled"] < 0.2
     assert not any(c["name"].startswith("evidence_in_context") for c in clean.record["checks"])
+
+
+def _earlier(pools: dict[str, pd.DataFrame], take: dict[str, int]) -> pd.DataFrame:
+    """An earlier batch's training pool holding copies of the first ``take[split]`` items of each split."""
+    rows = pd.concat([pools[s].iloc[:n] for s, n in take.items()]).assign(split="train")
+    return rows.assign(item_id="earlier-" + rows["item_id"]).reset_index(drop=True)
+
+
+def test_items_an_earlier_batch_trained_on_are_excluded_and_counted():
+    from clap.data.admission import seen_in_training
+
+    pools = make_pools()
+    seen = seen_in_training({"2025-12": _earlier(pools, {"eval": 5, "replay": 3, "sft": 40})}, ANSWER)
+    result = admit_batch(pools, SIZES, P, VOCAB, real_reward, "test", ANSWER, seen)
+    excluded = result.record["seen_in_training"]["excluded"]
+    assert excluded["eval"] == {"input_hash": 5, "question_answer": 0}
+    assert excluded["replay"]["input_hash"] == 3
+    assert result.metrics["excluded_seen_in_training_eval"] == 5
+    assert result.metrics["excluded_seen_in_training_probe"] == excluded["probe"]["input_hash"] > 0
+    for name in ("grpo", "eval", "probe", "replay"):
+        assert not result.frames[name]["input_hash"].isin(seen.input_hash).any(), name
+    # D_sft is what it was without the earlier batch: re-training on an item is no leak
+    assert result.frames["sft"]["item_id"].tolist() == admit(pools).frames["sft"]["item_id"].tolist()
+
+
+def test_the_same_question_reworded_with_the_same_answer_is_seen():
+    from clap.data.admission import question_answer_key, seen_in_training, seen_rule
+
+    pools = make_pools()
+    earlier = _earlier(pools, {"eval": 1})
+    earlier["question"] = earlier["question"].str.upper().str.rstrip("?") + " ?!"
+    earlier["input_hash"] = earlier["question"].map(input_hash)
+    seen = seen_in_training({"2025-12": earlier}, ANSWER)
+    assert seen_rule(pools["eval"].iloc[:2], seen, ANSWER).tolist() == ["question_answer", ""]
+    other_answer = pools["eval"].iloc[:1].copy()
+    other_answer[ANSWER.value] = other_answer[ANSWER.value].astype(float) + 1
+    assert question_answer_key(other_answer.iloc[0], ANSWER) not in seen.question_answer
+
+
+def test_nothing_seen_changes_nothing(clean):
+    assert all(
+        clean.metrics[f"excluded_seen_in_training_{s}"] == 0 for s in ("grpo", "eval", "probe", "replay")
+    )
+    assert clean.record["seen_in_training"]["earlier_batches"] == []
