@@ -1,11 +1,13 @@
 """admit: the pre-training gate for one batch, recomputed from the normalized data.
 
-usage: python stages/admit.py data/normalized/<b> data/admitted/<b> metrics/admit/<b>.json data/normalized
+usage: python stages/admit.py data/normalized/<b> data/admitted/<b> metrics/admit/<b>.json [data/normalized]
 
 in:  data/normalized/<b>/{sft,grpo,eval,replay,kb}.parquet; the training pool of every batch before <b>
      in params `batches`, data/normalized/<earlier>/sft.parquet (what earlier adapters may have trained on:
-     excluded from <b>'s held-out and GRPO splits, clap/data/admission.py); params.yaml `batches`, `admit`,
-     `sizes`, `normalize` (evidence vocabulary), `scoring` (the GRPO reward)
+     excluded from <b>'s held-out splits, and from its GRPO split and probe under `warm_start.mode: incumbent`,
+     clap/data/admission.py); params.yaml `batches`, `admit`, `sizes`, `normalize` (evidence vocabulary),
+     `scoring` (the GRPO reward), `warm_start.mode`. Without the fourth argument no earlier batch is read
+     (`clap certify`'s control batches: each judged against the base alone)
 out: data/admitted/<b>/{sft,grpo,eval,probe,replay,kb}.parquet and admission.json (verdict,
      reasons, every check); flat metrics json (`admitted` 0/1). A batch that is not admitted
      still gets every file: later stages read the verdict and refuse to train or promote it.
@@ -26,7 +28,7 @@ from clap.task.scoring import reward, scoring_params
 from schemas.admitted import AdmittedSet, admitted_items, admitted_kb, unseen_in_earlier_training
 from schemas.normalized import normalized_items, normalized_kb, validate_frame
 
-USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON NORMALIZED_ROOT"
+USAGE = "usage: python stages/admit.py NORMALIZED_DIR OUT_DIR METRICS_JSON [NORMALIZED_ROOT]"
 POOLS = ("sft", "grpo", "eval", "replay", "kb")
 
 
@@ -44,13 +46,19 @@ def earlier_batches(batch: str) -> list[str]:
     return listed[: listed.index(batch)]
 
 
-def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path) -> dict:
-    """Admit one batch and write its folder and metrics; returns the admission record."""
+def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path | None = None) -> dict:
+    """Admit one batch and write its folder and metrics; returns the admission record.
+
+    Without ``normalized_root`` no earlier batch is read: a batch judged against the base alone, as
+    `clap certify` prepares a control batch (no incumbent, a fresh adapter).
+    """
     started = time.perf_counter()
     p = params.section("admit", AdmitParams)
     sizes = params.section("sizes", SplitSizes)
     vocab = build_vocab(normalize_params())
     sp = scoring_params()
+    # the candidate continues an earlier adapter
+    warm = params.raw_section("warm_start")["mode"] == "incumbent"
     pools = {
         name: validate_frame(
             normalized_kb(vocab) if name == "kb" else normalized_items(vocab),
@@ -65,7 +73,7 @@ def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path) -> 
             io.read_parquet(normalized_root / b / "sft.parquet"),
             str(normalized_root / b / "sft.parquet"),
         )
-        for b in earlier_batches(src.name)
+        for b in (earlier_batches(src.name) if normalized_root is not None else [])
     }
     result = admit_batch(
         pools,
@@ -76,6 +84,7 @@ def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path) -> 
         out_dir.name,
         sp.answer,
         seen_in_training(earlier, sp.answer),
+        warm=warm,
     )
     frames = {
         name: validate_frame(
@@ -86,7 +95,8 @@ def run(src: Path, out_dir: Path, metrics_path: Path, normalized_root: Path) -> 
         for name, df in result.frames.items()
     }
     seen = seen_in_training(earlier, sp.answer)
-    for name in ("grpo", "eval", "probe", "replay"):  # excluded by construction: a failure here is a bug
+    # excluded by construction: a failure here is a bug (grpo and the probe only for a warm-started candidate)
+    for name in ("grpo", "eval", "probe", "replay") if warm else ("eval", "replay"):
         validate_frame(
             unseen_in_earlier_training(seen, sp.answer), frames[name], str(out_dir / f"{name}.parquet")
         )
@@ -117,4 +127,4 @@ def describe(argv, record: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(stage.main(sys.argv[1:], USAGE, (4,), run, describe))
+    sys.exit(stage.main(sys.argv[1:], USAGE, (3, 4), run, describe))

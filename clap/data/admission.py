@@ -16,8 +16,9 @@ batch does not stop a later batch's eval item from being an item an earlier batc
 on, and that adapter may be the incumbent the candidate is compared against, or the warm start the
 candidate continues (``clap.release.lineage``). So every item whose input hash, or whose normalized
 question together with its answer (:func:`question_answer_key`), appears in the *training pool*
-(normalized ``sft.parquet``) of an earlier batch is excluded from the held-out and GRPO splits: eval,
-replay and grpo lose them before their seeded draw, the probe skips them (:func:`exclude_seen`,
+(normalized ``sft.parquet``) of an earlier batch is excluded from the held-out splits: eval and
+replay lose them before their seeded draw; when the candidate continues an earlier adapter
+(``warm_start.mode: incumbent``) grpo loses them too and the probe skips them (:func:`exclude_seen`,
 :func:`select_splits`); D_sft itself is never changed (re-training on an item is no leak). Each
 exclusion is counted per split and rule (``excluded_seen_in_training_<split>`` in the metrics, the
 rules in ``admission.json``).
@@ -63,6 +64,8 @@ TRAIN_SPLITS = ("sft", "grpo")
 HELD_SPLITS = ("eval", "probe", "replay")
 # Splits no item an earlier batch trained on may enter (pools filtered before their draw; the probe skips them).
 UNSEEN_SPLITS = ("grpo", "eval", "replay")
+# what judges the incumbent too: unseen whatever the candidate starts from
+HELD_OUT_SPLITS = ("eval", "replay")
 SEEN_RULES = ("input_hash", "question_answer")
 # Fixed random-stream index per use, so adding a split never reshuffles another one.
 _STREAMS = {"sft": 0, "grpo": 1, "eval": 2, "replay": 3, "canary": 4}
@@ -173,16 +176,23 @@ def seen_rule(items: pd.DataFrame, seen: Seen, schema: AnswerSchema) -> pd.Serie
 
 
 def exclude_seen(
-    pools: Mapping[str, pd.DataFrame], seen: Seen, schema: AnswerSchema
+    pools: Mapping[str, pd.DataFrame], seen: Seen, schema: AnswerSchema, *, warm: bool
 ) -> tuple[dict[str, pd.DataFrame], dict[str, dict[str, int]], frozenset[str]]:
-    """The pools without the items earlier training saw, in :data:`UNSEEN_SPLITS`; the count per split
-    and rule; and the IDs of the training pool's seen items (kept in D_sft's draw, never a probe item)."""
+    """The pools without the items earlier training saw; the count per split and rule; and the IDs of the
+    training pool's seen items (kept in D_sft's draw, never a probe item).
+
+    Eval and replay (:data:`HELD_OUT_SPLITS`) judge the incumbent, an earlier batch's adapter, beside the
+    candidate: they lose seen items always. GRPO and the probe concern the candidate alone: they lose them
+    only when it continues an earlier adapter (``warm``: params ``warm_start.mode: incumbent``); a fresh
+    candidate trained on none of them, and its probe stays the training pool's exchangeable part.
+    """
     out, counts = dict(pools), {}
-    for name in UNSEEN_SPLITS:
+    for name in UNSEEN_SPLITS if warm else HELD_OUT_SPLITS:
         rule = seen_rule(pools[name], seen, schema)
         out[name] = pools[name][rule == ""].reset_index(drop=True)
         counts[name] = {r: int((rule == r).sum()) for r in SEEN_RULES}
-    never_probe = pools["sft"]["item_id"][seen_rule(pools["sft"], seen, schema) != ""]
+    counts.setdefault("grpo", dict.fromkeys(SEEN_RULES, 0))
+    never_probe = pools["sft"]["item_id"][seen_rule(pools["sft"], seen, schema) != ""] if warm else []
     return out, counts, frozenset(never_probe)
 
 
@@ -622,6 +632,8 @@ def admit_batch(
     batch: str,
     schema: AnswerSchema,
     seen: Seen = NOTHING_SEEN,
+    *,
+    warm: bool = False,
 ) -> AdmissionResult:
     """Select and check one batch's admitted data.
 
@@ -634,16 +646,17 @@ def admit_batch(
             passes ``clap.task.scoring.reward`` with the ``scoring`` params and the answer schema.
         batch: the batch name (recorded).
         schema: the declared answer (perturbations, the key fields of the balance checks).
-        seen: what earlier batches trained on (:func:`seen_in_training`); excluded from every split but sft.
+        seen: what earlier batches trained on (:func:`seen_in_training`); excluded from eval and replay,
+            and, when ``warm`` (the candidate continues an earlier adapter), from grpo and the probe too.
 
     Returns:
         AdmissionResult; ``record["verdict"]`` is True iff every blocking check passed.
     """
     check_key_params(p, schema)
-    unseen_pools, excluded, never_probe = exclude_seen(pools, seen, schema)
+    unseen_pools, excluded, never_probe = exclude_seen(pools, seen, schema, warm=warm)
     admitted = select_splits(unseen_pools, sizes, p.seed, never_probe)
     outside_sft = pools["sft"][~pools["sft"]["item_id"].isin(admitted["sft"]["item_id"])]
-    probe_rule = seen_rule(outside_sft, seen, schema)  # the training pool's seen items the probe may not take
+    probe_rule = seen_rule(outside_sft, seen if warm else NOTHING_SEEN, schema)  # what the probe may not take
     excluded["probe"] = {r: int((probe_rule == r).sum()) for r in SEEN_RULES}
     items = pd.concat([pools[s] for s in ("sft", "grpo", "eval", "replay")])
     domain = {k: sorted(items[k].unique()) for k in schema.keys if schema.field(k).type != "date"}
@@ -666,7 +679,7 @@ def admit_batch(
         "counts": counts,
         "grpo": grpo_stats,
         "canary": canary,
-        "seen_in_training": {"earlier_batches": list(seen.batches), "excluded": excluded},
+        "seen_in_training": {"earlier_batches": list(seen.batches), "warm_start": warm, "excluded": excluded},
         "hashes": {name: logical_hash(df) for name, df in frames.items()},
         "selection": {"seed": p.seed, "sizes": dataclasses.asdict(sizes), "perturbations": names},
     }

@@ -132,7 +132,12 @@ def test_admit_excludes_what_an_earlier_batch_trained_on(batch):
     earlier["item_id"] = "earlier-" + earlier["item_id"]
     io.write_parquet(root / "2025-12" / "sft.parquet", earlier.reset_index(drop=True))
     repo = stage_params_dir(
-        batch["tmp"] / "repo-seen", {**params.load(ROOT / "params.yaml"), "batches": ["2025-12", BATCH]}
+        batch["tmp"] / "repo-seen",
+        {
+            **params.load(ROOT / "params.yaml"),
+            "batches": ["2025-12", BATCH],
+            "warm_start": {"mode": "incumbent"},
+        },
     )
     out, metrics = batch["tmp"] / "admitted-seen", batch["tmp"] / "admit-seen.json"
     proc = run_stage("admit", root / BATCH, out, metrics, root, cwd=repo)

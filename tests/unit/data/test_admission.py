@@ -434,19 +434,28 @@ def _earlier(pools: dict[str, pd.DataFrame], take: dict[str, int]) -> pd.DataFra
     return rows.assign(item_id="earlier-" + rows["item_id"]).reset_index(drop=True)
 
 
-def test_items_an_earlier_batch_trained_on_are_excluded_and_counted():
+@pytest.mark.parametrize("warm", [True, False])
+def test_items_an_earlier_batch_trained_on_are_excluded_and_counted(warm):
+    """Eval and replay judge the incumbent (an earlier batch's adapter) too: they lose the seen items
+    always; grpo and the probe concern the candidate alone: only a warm-started one trained on them."""
     from clap.data.admission import seen_in_training
 
     pools = make_pools()
-    seen = seen_in_training({"2025-12": _earlier(pools, {"eval": 5, "replay": 3, "sft": 40})}, ANSWER)
-    result = admit_batch(pools, SIZES, P, VOCAB, real_reward, "test", ANSWER, seen)
+    earlier = _earlier(pools, {"eval": 5, "replay": 3, "sft": 40})  # grpo's pool is the training pool
+    seen = seen_in_training({"2025-12": earlier}, ANSWER)
+    result = admit_batch(pools, SIZES, P, VOCAB, real_reward, "test", ANSWER, seen, warm=warm)
     excluded = result.record["seen_in_training"]["excluded"]
     assert excluded["eval"] == {"input_hash": 5, "question_answer": 0}
     assert excluded["replay"]["input_hash"] == 3
     assert result.metrics["excluded_seen_in_training_eval"] == 5
-    assert result.metrics["excluded_seen_in_training_probe"] == excluded["probe"]["input_hash"] > 0
-    for name in ("grpo", "eval", "probe", "replay"):
+    assert (result.metrics["excluded_seen_in_training_grpo"] > 0) is warm
+    probe = result.metrics["excluded_seen_in_training_probe"]
+    assert probe == excluded["probe"]["input_hash"] and (probe > 0) is warm
+    for name in ("grpo", "eval", "probe", "replay") if warm else ("eval", "replay"):
         assert not result.frames[name]["input_hash"].isin(seen.input_hash).any(), name
+    if not warm:  # a fresh candidate's probe and grpo are drawn as if nothing were seen
+        for name in ("grpo", "probe"):
+            assert result.frames[name].equals(admit(pools).frames[name]), name
     # D_sft is what it was without the earlier batch: re-training on an item is no leak
     assert result.frames["sft"]["item_id"].tolist() == admit(pools).frames["sft"]["item_id"].tolist()
 
