@@ -221,6 +221,8 @@ def incumbent_of(root: Path, served: Served) -> tuple[Served, Path | None]:
     """The release in effect before the canary ``served`` (history verified, its adapter hash-checked),
     or the base model when the canary is the first release; on the canary's knowledge base."""
     stack = release_stack(verified_history(root))
+    at = [e.get("approval_id") for e in stack].index(served.approval_id) if served.approval_id else -1
+    stack = stack[: at + 1]  # the releases above the pointer were rolled back by `git revert`
     if len(stack) < 2:
         note = f"incumbent of canary {served.batch}: the base model (no release before it)"
         return Served("base", None, served.kb_batch, None, served.base_sha256, None, None, note), None

@@ -88,9 +88,13 @@ def test_release_commits_pointer_history_ledger_and_handoff(repo):
         git(repo, "log", "-1", "--format=%s").strip()
         == f"release {X}: promote (approval {pointer['approval_id']})"
     )
-    committed = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
+    assert set(git(repo, "show", "--name-only", "--format=", "HEAD").split()) == {"releases/production.json"}
+    assert "`git revert` it to roll back" in git(repo, "log", "-1", "--format=%b")
+    assert git(repo, "log", "-1", "--format=%s", "HEAD~1").strip() == (
+        f"release {X}: ledger (approval {pointer['approval_id']})"
+    )
+    committed = set(git(repo, "show", "--name-only", "--format=", "HEAD~1").split())
     assert committed == {
-        "releases/production.json",
         "releases/history.jsonl",
         "releases/approvals_used.jsonl",
         f"releases/handoff/{X}/README.md",
