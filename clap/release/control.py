@@ -52,6 +52,7 @@ from clap import io, params, vcs
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
 from clap.params import bad_param, check_keys
+from clap.release import canary as canary_mod
 from clap.release.approval import (
     RELEASABLE,
     Binding,
@@ -907,17 +908,75 @@ def gate_rollback(root: Path, batch: str, pointer: dict[str, Any]) -> dict[str, 
 def canary_rollback(root: Path, pointer: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """What a rollback on the canary analysis of the release in production records, and the analysis
     files it commits (:func:`clap.release.canary.rollback_evidence`)."""
-    from clap.release.canary import report_paths, rollback_evidence
-
-    return rollback_evidence(root, pointer), [
-        p for p in report_paths(str(pointer["batch"])) if (root / p).exists()
+    return canary_mod.rollback_evidence(root, pointer), [
+        p for p in canary_mod.report_paths(str(pointer["batch"])) if (root / p).exists()
     ]
 
 
-def commit_canary_promotion(root: Path, batch: str, paths: list[Path]) -> str:
-    """Commit the canary analysis that promotes ``batch`` (it then serves all traffic); the commit id."""
+def commit_canary_promotion(root: Path, pointer: dict[str, Any], rec: dict[str, Any]) -> str:
+    """Commit the canary analysis that promotes the release in production (it then serves all
+    traffic) with a ``canary`` event in history.jsonl (decision, e-values, who acted); the commit id."""
+    paths = [p for p in canary_mod.report_paths(str(pointer["batch"])) if (root / p).exists()]
     with _locked(root):
-        return _commit(root, paths, f"canary {batch}: promote (all traffic)")
+        vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
+        event = canary_mod.promotion_event(root, pointer, rec, _now())
+        with _transaction(root, [HISTORY, *paths]):
+            io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+            return _commit(root, [HISTORY, *paths], f"canary {pointer['batch']}: promote (all traffic)")
+
+
+def run_canary(root: Path, apply: bool, *, actor: str = "clap canary") -> dict[str, Any]:
+    """Analyze the log of the canary in production and write its record and report; with ``apply``,
+    act on the verdict (:func:`act_on_canary`). ``clap canary`` by hand; ``clap serve``'s watcher
+    calls :func:`act_on_canary` itself.
+
+    Returns:
+        The analysis record, with ``applied`` (the rollback event, the promote commit, or None).
+
+    Raises:
+        ClapError: nothing in production is a canary, the log is missing or malformed.
+    """
+    root = Path(root)
+    p = canary_mod.params_of(root)
+    pointer = read_pointer(root)
+    if pointer.get("decision") != "canary":
+        raise ClapError(
+            f"production serves batch {pointer.get('batch')!r} as {pointer.get('decision')!r}, not as a canary: "
+            "nothing to analyze",
+            file=root / POINTER,
+            column="decision",
+            rule="no_canary",
+        )
+    log = root / p.log
+    if not log.exists():
+        raise ClapError(
+            "no canary log: `clap serve` writes one while a canary is served", file=log, rule="no_canary_log"
+        )
+    rec = {
+        **canary_mod.report(pointer, log, canary_mod.read_log(log, pointer["adapter_sha256"]), p),
+        "actor": actor,
+    }
+    canary_mod.write_report(root, rec)
+    applied = act_on_canary(root, pointer, rec) if apply else None
+    return {**rec, "applied": applied}
+
+
+def act_on_canary(root: Path, pointer: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | str | None:
+    """Act on the canary analysis ``rec`` (already written by :func:`clap.release.canary.write_report`)
+    of the release ``pointer``: ``rollback`` through :func:`rollback` (previous adapter restored and
+    hash-checked, a ``rollback`` event with the decision and its e-values, the analysis committed with
+    it), ``promote`` through :func:`commit_canary_promotion`; ``continue``: nothing (None).
+
+    Who acts signs nothing: neither action can put an unapproved adapter in production (a rollback
+    only moves down the stack to a release approved before; a promotion leaves the pointer, approved
+    as a canary, as it is), and the decision is a function of the committed analysis and the
+    pre-registered params; ``canary_actor`` records who made it.
+    """
+    if rec["decision"] == "rollback":
+        return rollback(root, canary=True)
+    if rec["decision"] == "promote":
+        return commit_canary_promotion(root, pointer, rec)
+    return None
 
 
 def _unassign_tag(

@@ -567,6 +567,13 @@ def _replay(
             line = _rollback_line(current, returned_to, to_base, event) if shown else ""
         elif kind == "hold":
             line = f"hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
+        elif kind == "canary":
+            line = (
+                f"canary {event.get('batch')}: {event.get('decision')} by {event.get('canary_actor')} "
+                f"(harm e-value {event.get('harm_e_value')}, non-inferiority e-value "
+                f"{event.get('non_inferiority_e_value')}, at request {event.get('canary_decided_at_request')}): "
+                "production unchanged, all traffic to it"
+            )
         else:
             raise ClapError(f"unknown event {kind!r}", file=root / HISTORY, row=n, rule="corrupt_jsonl")
         if shown and emit is not None:

@@ -38,7 +38,7 @@ from .release_fixtures import approve as approve_batch
 
 X, Y = BATCHES
 NO_CANARY = CanaryParams(
-    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100, watch_every=0
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200, canary=NO_CANARY)
 
