@@ -2,9 +2,13 @@
 
 Runs `clap serve`'s app (:func:`clap.chain.serve.create_app` with a :class:`clap.chain.serve.CanaryRoute`)
 on a loopback port in a project where `dvc repro` has run ``--batch`` (e.g. a clone after `make demo`),
-with the project's params ``serve.canary`` and ``chain``, and sends the batch's held-out questions (eval
-items, then replay cases, in a seeded order, cycled) one request at a time until
-:func:`clap.release.canary.analyze` decides or ``--max-requests`` is reached. Two scenarios:
+with the project's params ``chain`` and this checkout's ``serve`` (the pre-registered test, with
+``serve.canary.watch_every``), and sends the batch's held-out questions (eval items, then replay cases, in
+a seeded order, cycled) one request at a time until the app's own :class:`clap.chain.serve.CanaryWatcher`
+decides (it tests the log after every ``watch_every``-th request, as `clap serve` does; no one runs `clap
+canary`) or ``--max-requests`` is reached. The watcher's action is recorded, not applied: the scratch
+models have no release registry (acting through release control is tested in
+tests/unit/release/test_control.py). Two scenarios:
 
 - ``worse``: incumbent = base + the batch's adapter, canary = the base model (no adapter);
 - ``better``: incumbent = the base model, canary = base + the batch's adapter.
@@ -50,14 +54,14 @@ def scenario(name: str, project: Path, batch: str, max_requests: int, seed: int)
     from clap import io, params
     from clap.chain.chain import ChainParams, build_index, load_chain
     from clap.chain.grounding import answer_space
-    from clap.chain.serve import CanaryRoute, Served, ServeParams, create_app, serving
+    from clap.chain.serve import CanaryRoute, CanaryWatcher, Served, ServeParams, create_app, serving
     from clap.data.normalize import normalize_params
     from clap.model.base import ADAPTER_FILE, base_sha256
     from clap.release import canary as C
     from clap.task.scoring import scoring_params
 
     pfile = project / "params.yaml"
-    sp = params.section("serve", ServeParams, pfile)
+    sp = params.section("serve", ServeParams, ROOT / "params.yaml")
     cp = params.section("chain", ChainParams, pfile)
     norm = normalize_params(pfile)
     space = answer_space(norm, norm.answer)
@@ -74,8 +78,20 @@ def scenario(name: str, project: Path, batch: str, max_requests: int, seed: int)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "canary.jsonl"
         canary_key = canary_served.adapter_sha256 or "base"
+        acted: list[str] = []
+        watcher = CanaryWatcher(
+            Path(tmp),
+            {"batch": canary_served.batch or "base", "adapter_sha256": canary_key, "approval_id": None},
+            lambda _root, _pointer, rec: acted.append(rec["decision"]),  # recorded, not applied (no registry)
+            emit=lambda line: print(line, flush=True),
+        )
         route = CanaryRoute(
-            incumbent_chain, incumbent_served, sp.canary, C.RequestLog(log, canary_key), scoring_params(pfile)
+            incumbent_chain,
+            incumbent_served,
+            sp.canary,
+            C.RequestLog(log, canary_key),
+            scoring_params(pfile),
+            watcher,
         )
         app = create_app(canary_chain, canary_served, sp, route)
         qs = questions(project, batch, seed)
@@ -84,16 +100,19 @@ def scenario(name: str, project: Path, batch: str, max_requests: int, seed: int)
             for i in range(max_requests):
                 r = client.post("/answer", json={"question": qs[i % len(qs)]})
                 r.raise_for_status()
-                rec = C.analyze(C.read_log(log, canary_key), sp.canary)
-                if rec["decision"] != "continue":
+                if watcher.decision is not None:
                     break
+            watcher.done.wait(30)
         wall = time.perf_counter() - start
+        rec = watcher.record or C.analyze(C.read_log(log, canary_key), sp.canary)
     return {
         "scenario": name,
         "canary": canary_served.note,
         "incumbent": incumbent_served.note,
         "model_load_s": round(load_s, 1),
         "wall_s": round(wall, 1),
+        "decided_by": "the serve app's watcher (serve.canary.watch_every)" if watcher.record else "nobody",
+        "action_called": acted,
         **rec,
     }
 
@@ -121,7 +140,7 @@ def main() -> None:
         **header(sys.argv),
         "machine": machine(),
         "batch": args.batch,
-        "canary_params": params.raw_section("serve", args.project / "params.yaml")["canary"],
+        "canary_params": params.raw_section("serve", ROOT / "params.yaml")["canary"],
         "scenarios": rows,
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

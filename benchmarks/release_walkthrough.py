@@ -1,7 +1,8 @@
 """README's release walkthrough, run for real on the demo's adapters.
 
 keys → approve → release → serve (real HTTP requests answered by the released adapter) → gate a
-second batch against it → release it when the gate allows it → rollback → registry check, on the
+second batch against it → release it when the gate allows it → rollback (``git revert`` of the last
+release's pointer commit) → registry check, on the
 real SmolLM2 adapters the demo trains, in a scratch clone (``benchmarks/closed_loop.py``'s: origin
 removed, the project's DVC cache shared with ``cache.type reflink,copy``) with keys generated there
 at run time and deleted with it. Only the report is written into the project.
@@ -358,18 +359,31 @@ def gate_and_release(
 
 
 def roll_back(run: Runner, scratch: Path, released: list[dict[str, Any]]) -> dict[str, Any]:
-    """``clap rollback`` from the last release: to the one before it (its folder deleted first, so the
-    bytes come back from the DVC cache; sha256 compared), or, with one release, to nothing released
-    (``clap serve`` must then refuse: ``serve.unreleased: refuse``)."""
+    """The user's own rollback: ``git revert`` of the last release's pointer commit (it changes only
+    ``releases/production.json``), then ``dvc checkout`` of the adapter rolled back to (its folder
+    deleted first, so the bytes come back from the DVC cache; sha256 compared). With one release the
+    revert leaves nothing released (accepted under ``release.rollback_to_base``; ``clap serve`` must
+    then refuse: ``serve.unreleased: refuse``). ``clap registry-check`` runs after it (``main``)."""
     previous = released[-2] if len(released) > 1 else None
     if previous is not None:
         shutil.rmtree(scratch / "models" / "adapters" / previous["batch"])
+    last = released[-1]["batch"]
+    pointer_commit = git(
+        run, "log", "-1", "--format=%H", f"--grep=^release {last}: ", "--", "releases/production.json",
+        what="the last release's pointer commit",
+    ).strip()  # fmt: skip
     t0 = time.perf_counter()
-    proc = run([*CLAP, "rollback"], "roll back to the previous release", ok=(0, 2))
+    proc = run(
+        ["git", "revert", "--no-edit", pointer_commit], "roll back: revert the pointer commit", ok=(0, 1)
+    )
+    if previous is not None and not proc.returncode:
+        run(
+            [_dvc(), "checkout", f"models/adapters/{previous['batch']}"], "restore the adapter rolled back to"
+        )
     wall = round(time.perf_counter() - t0, 2)
     pointer = read_json(scratch / "releases" / "production.json")
-    out = {"wall_s": wall, "from_batch": released[-1]["batch"], "output": proc.stdout.strip()}
-    if proc.returncode:  # one release and params release.rollback_to_base false: nothing to roll back to
+    out = {"wall_s": wall, "from_batch": last, "output": proc.stdout.strip(), "how": "git revert"}
+    if proc.returncode:
         return {
             **out,
             "to_batch": "base",
@@ -533,12 +547,12 @@ def render(result: dict[str, Any]) -> str:
     rb = result.get("rollback")
     if rb and rb["to_batch"] == "base":
         lines.append(
-            f"| rollback | {rb['from_batch']} → nothing released | the pointer names no batch; `clap serve` refuses: "
+            f"| rollback (`git revert` of the pointer commit) | {rb['from_batch']} → nothing released | the pointer names no batch; `clap serve` refuses: "
             f"`{rb['serve_refused'][:160]}` | | | **{'as expected' if rb['equal'] else 'NOT AS EXPECTED'}** | {rb['wall_s']} |"
         )
     elif rb:
         lines.append(
-            f"| rollback | {rb['from_batch']} → {rb['to_batch']} | restored from the DVC cache after deleting the folder "
+            f"| rollback (`git revert` of the pointer commit) | {rb['from_batch']} → {rb['to_batch']} | restored by `dvc checkout` after deleting the folder "
             f"| | | `{rb['sha256_restored'][:16]}` (at release `{rb['sha256_at_release'][:16]}`): "
             f"**{'equal' if rb['equal'] else 'DIFFERENT'}** | {rb['wall_s']} |"
         )

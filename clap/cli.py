@@ -313,14 +313,15 @@ def _canary_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--apply",
         action="store_true",
-        help="act on the verdict: rollback through `clap rollback`'s signed path, promote by committing the analysis",
+        help="act on the verdict: rollback through `clap rollback`'s path, promote by committing the analysis "
+        "(`clap serve` does it itself after every serve.canary.watch_every-th request)",
     )
 
 
 def _canary(args: argparse.Namespace) -> int:
-    from clap.release import canary
+    from clap.release import canary, control
 
-    rec = canary.run(Path.cwd(), args.apply)
+    rec = control.run_canary(Path.cwd(), args.apply)
     json_path, md_path = canary.report_paths(rec["batch"])
     print(canary.render(rec), end="")
     print(f"written: {json_path}, {md_path}")

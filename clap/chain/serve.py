@@ -16,7 +16,10 @@ last batch in params ``batches``; ``/health`` then says ``"serving": "base"``).
 A release whose decision is ``canary`` is served beside the incumbent (the release in effect before
 it, its adapter hash-checked the same way, or the base model when it is the first), on the canary's
 knowledge base: a seeded share ``serve.canary.fraction`` of the requests goes to the canary and every
-request is logged for ``clap canary`` (:mod:`clap.release.canary`). A canary whose analysis says
+request is logged (:mod:`clap.release.canary`). With ``serve.canary.watch_every`` > 0 a watcher
+(:class:`CanaryWatcher`) tests the log after every k-th request and acts on a decision itself:
+rollback (the incumbent then answers everything) or promotion (the canary does), committed through
+release control; otherwise ``clap canary`` tests it by hand. A canary whose analysis says
 ``promote`` (``reports/canary/<batch>.json``, about this adapter) serves all traffic; so does any
 release when ``serve.canary.fraction`` is 0.
 
@@ -45,7 +48,13 @@ from clap.model.base import ADAPTER_FILE, base_sha256
 from clap.params import bad_param, check_keys
 from clap.release import canary as canary_mod
 from clap.release.canary import CanaryParams, RequestLog
-from clap.release.registry import HISTORY, release_stack, verified_history, verify_pointer
+from clap.release.registry import (
+    HISTORY,
+    read_pointer_file,
+    release_stack,
+    verified_history,
+    verify_pointer,
+)
 from clap.task.scoring import ScoringParams, reference_free_checks, scoring_params
 
 POINTER = Path("releases/production.json")
@@ -185,15 +194,82 @@ def _unreleased(root: Path, p: ServeParams, base: str) -> Served:
     )
 
 
+class CanaryWatcher:
+    """Runs the canary's sequential test as requests arrive and acts on its decision, once.
+
+    After every ``serve.canary.watch_every``-th logged request the log so far is analysed
+    (:func:`clap.release.canary.analyze`, the test `clap canary` runs); a ``rollback`` or ``promote``
+    is written as the analysis report and acted on by ``act`` (release control: the rollback path or
+    the committed promotion) in a thread of its own, so no request waits for git or DVC. From the
+    decision on, every request goes to the arm that stays (the incumbent after a rollback, the canary
+    after a promotion) and nothing more is logged. The decision and its e-values are printed to the
+    serve log and recorded in the release history by ``act``.
+    """
+
+    def __init__(self, root: Path, pointer: dict[str, Any], act: Any, emit: Any = None):
+        self.root, self.pointer, self.act = Path(root), pointer, act
+        self.emit = emit if emit is not None else (lambda line: print(line, flush=True))
+        self.decision: str | None = None  # rollback / promote once decided
+        self.record: dict[str, Any] | None = None
+        self.applied: Any = None
+        self.error: str | None = None
+        self.done = threading.Event()  # set once the action finished (or failed)
+        self._lock = threading.Lock()
+
+    def after(self, n: int, log: RequestLog, p: CanaryParams) -> None:
+        """Request ``n`` was logged: test the log when it is a k-th request and nothing is decided yet."""
+        if p.watch_every == 0 or (n + 1) % p.watch_every or self.decision is not None:
+            return
+        with self._lock:
+            if self.decision is not None:
+                return
+            rows = log.rows()
+            rec = canary_mod.analyze(rows, p)
+            if rec["decision"] == "continue":
+                return
+            rec = {**canary_mod.report(self.pointer, log.path, rows, p), "actor": "clap serve"}
+            self.decision, self.record = rec["decision"], rec
+        canary_mod.write_report(self.root, rec)
+        self.emit(
+            f"canary {self.pointer['batch']}: {rec['decision']} at request {rec['decided_at_request']} of "
+            f"{rec['requests']} ({rec['reason']}; harm e-value {rec['harm_e_value']:.3g}, non-inferiority "
+            f"e-value {rec['non_inferiority_e_value']:.3g}): acting without a command"
+        )
+        threading.Thread(target=self._act, args=(rec,), daemon=True).start()
+
+    def _act(self, rec: dict[str, Any]) -> None:
+        try:
+            self.applied = self.act(self.root, self.pointer, rec)
+            commit = self.applied["release_commit"] if isinstance(self.applied, dict) else self.applied
+            self.emit(f"canary {self.pointer['batch']}: {rec['decision']} committed ({str(commit)[:12]})")
+        except Exception as e:  # noqa: BLE001 - reported in /health and the serve log; serving goes on
+            self.error = str(e)
+            self.emit(f"canary {self.pointer['batch']}: acting on {rec['decision']} failed: {e}")
+        finally:
+            self.done.set()
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "watch": "decided" if self.decision else "watching",
+            "decision": self.decision,
+            "applied": (
+                self.applied.get("release_commit") if isinstance(self.applied, dict) else self.applied
+            ),
+            "error": self.error,
+        }
+
+
 @dataclasses.dataclass(frozen=True)
 class CanaryRoute:
-    """A canary in production: the incumbent it is compared with, the routing and the request log."""
+    """A canary in production: the incumbent it is compared with, the routing, the request log and,
+    with ``serve.canary.watch_every`` > 0, the watcher that ends it."""
 
     incumbent: Chain
     incumbent_served: Served
     p: CanaryParams
     log: RequestLog
     scoring: ScoringParams
+    watcher: CanaryWatcher | None = None
 
     def health(self) -> dict[str, Any]:
         """What ``/health`` says of the canary."""
@@ -202,25 +278,39 @@ class CanaryRoute:
             "incumbent": dataclasses.asdict(self.incumbent_served),
             "log": str(self.log.path),
             "requests_logged": self.log.next_n,
+            **({"watcher": self.watcher.health()} if self.watcher is not None else {}),
         }
 
     def pick(self, canary: Chain, canary_served: Served) -> tuple[int, str, Chain, Served]:
-        """The next request's number, arm and the chain (and its release) that answers it."""
+        """The next request's number (-1: not logged, the canary is decided), arm and the chain (and its
+        release) that answers it."""
+        decided = self.watcher.decision if self.watcher is not None else None
+        if decided == "rollback":
+            return -1, "production", self.incumbent, self.incumbent_served
+        if decided == "promote":
+            return -1, "production", canary, canary_served
         n = self.log.take()
         if canary_mod.routes_to_canary(self.p.seed, n, self.p.fraction):
             return n, "canary", canary, canary_served
         return n, "incumbent", self.incumbent, self.incumbent_served
 
     def record(self, n: int, arm: str, who: Served, result: Any) -> None:
-        """Log request ``n``: its arm, release, latency and the chain's reference-free checks."""
+        """Log request ``n``: its arm, release, latency and the chain's reference-free checks; then let
+        the watcher test the log."""
+        if n < 0:
+            return
         checks = reference_free_checks(result.parsed, result.context, self.scoring)
         self.log.append(canary_mod.log_row(n, arm, who.batch, who.adapter_sha256, result.latency_ms, checks))
+        if self.watcher is not None:
+            self.watcher.after(n, self.log, self.p)
 
 
 def incumbent_of(root: Path, served: Served) -> tuple[Served, Path | None]:
     """The release in effect before the canary ``served`` (history verified, its adapter hash-checked),
     or the base model when the canary is the first release; on the canary's knowledge base."""
     stack = release_stack(verified_history(root))
+    at = [e.get("approval_id") for e in stack].index(served.approval_id) if served.approval_id else -1
+    stack = stack[: at + 1]  # the releases above the pointer were rolled back by `git revert`
     if len(stack) < 2:
         note = f"incumbent of canary {served.batch}: the base model (no release before it)"
         return Served("base", None, served.kb_batch, None, served.base_sha256, None, None, note), None
@@ -278,8 +368,17 @@ def load_service(
         p.canary,
         RequestLog(root / p.canary.log, str(served.adapter_sha256)),
         scoring_params(root / "params.yaml"),
+        watcher_of(root) if p.canary.watch_every else None,
     )
     return chain, served, route
+
+
+def watcher_of(root: Path) -> CanaryWatcher:
+    """The watcher of the canary in production, acting through release control
+    (:func:`clap.release.control.act_on_canary`)."""
+    from clap.release.control import act_on_canary
+
+    return CanaryWatcher(root, read_pointer_file(root), act_on_canary)
 
 
 def _error_text(errors: list[dict[str, Any]]) -> str:
@@ -382,7 +481,12 @@ def serve(root: Path | str, host: str | None, port: int | None) -> None:
     if canary is not None:
         print(
             f"canary: {canary.p.fraction:.0%} of requests to {served.batch}, the rest to the "
-            f"{canary.incumbent_served.note}; requests logged to {canary.log.path} (`clap canary` tests them)",
+            f"{canary.incumbent_served.note}; requests logged to {canary.log.path} "
+            + (
+                f"and tested after every {canary.p.watch_every} (serve.canary.watch_every): a decision is acted on here"
+                if canary.watcher is not None
+                else "(`clap canary` tests them)"
+            ),
             flush=True,
         )
     uvicorn.run(

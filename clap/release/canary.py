@@ -8,6 +8,12 @@ and the application chain's reference-free checks (:func:`clap.task.scoring.refe
 the answer parses, its evidence quote is verbatim in the retrieved context, its value is in the
 quote). A request *fails* when any check fails.
 
+``clap serve`` watches its own log: after every ``serve.canary.watch_every``-th logged request it
+runs the test below on the log so far and acts on a decision itself, through release control
+(:func:`clap.release.control.act_on_canary`: a rollback through ``clap rollback``'s path, a
+promotion committed with its analysis), with no one running a command; ``clap canary`` runs the
+same test by hand. This module only analyses (it imports no release control).
+
 ``clap canary`` reads the log of the canary in production and tests it sequentially. Take the
 failed requests in order and let X = 1 when a failure came from the canary. Requests are routed at
 random with the known share f, so for any traffic (drifting or not) a failed request is a canary
@@ -73,6 +79,9 @@ class CanaryParams:
     alpha: float  # each test's error bound (Ville): a null crosses 1/alpha with probability <= alpha
     max_ratio: float  # promote needs evidence the canary's failure rate is < max_ratio x the incumbent's
     max_requests: int  # logged requests after which a canary without a decision is rolled back
+    watch_every: (
+        int  # clap serve tests the log after every k-th logged request and acts; 0: only `clap canary`
+    )
 
     def __post_init__(self) -> None:
         check_keys(
@@ -81,9 +90,11 @@ class CanaryParams:
                 "serve.canary.alpha": 0 < self.alpha < 1,
                 "serve.canary.max_ratio": self.max_ratio > 1,
                 "serve.canary.max_requests": self.max_requests >= 1,
+                "serve.canary.watch_every": isinstance(self.watch_every, int) and self.watch_every >= 0,
                 "serve.canary.log": bool(str(self.log).strip()),
             },
-            "serve.canary: 0 <= fraction < 1, 0 < alpha < 1, max_ratio > 1, max_requests >= 1, a log path",
+            "serve.canary: 0 <= fraction < 1, 0 < alpha < 1, max_ratio > 1, max_requests >= 1, "
+            "watch_every >= 0, a log path",
         )
 
 
@@ -113,6 +124,11 @@ class RequestLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({**row, "canary_sha256": self.canary_sha256}, sort_keys=True) + "\n")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """This canary's rows as :func:`read_log` reads them, never a half-written line (under the lock)."""
+        with self._lock:
+            return read_log(self.path, self.canary_sha256)
 
 
 def log_row(
@@ -363,49 +379,54 @@ def rollback_evidence(root: Path, pointer: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "reason": f"canary {pointer['batch']}: {rec['reason']}",
         "canary_record_sha256": io.sha256_file(Path(root) / record),
-        "canary_log_sha256": rec["log_sha256"],
+        **decision_fields(rec),
     }
 
 
-def run(root: Path, apply: bool) -> dict[str, Any]:
-    """``clap canary``: analyze the log of the canary in production and write its record and report;
-    with ``apply``, act on the verdict through release control (rollback: the signed rollback path,
-    committing the analysis; promote: the analysis committed, so `clap serve` gives the canary all traffic).
+def decision_fields(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """What the release history keeps of a canary decision: the log it was made on, where it was
+    made, both e-values and who acted (``actor``: ``clap serve`` or ``clap canary``)."""
+    return {
+        "canary_log_sha256": rec["log_sha256"],
+        "canary_decided_at_request": rec["decided_at_request"],
+        "canary_requests": rec["requests"],
+        "harm_e_value": rec["harm_e_value"],
+        "non_inferiority_e_value": rec["non_inferiority_e_value"],
+        "canary_actor": rec.get("actor", "clap canary"),
+    }
 
-    Returns:
-        The analysis record, with ``applied`` (the rollback event, the promote commit, or None).
 
-    Raises:
-        ClapError: nothing in production is a canary, the log is missing or malformed.
-    """
+def promotion_event(
+    root: Path, pointer: Mapping[str, Any], rec: Mapping[str, Any], at: str
+) -> dict[str, Any]:
+    """The history event of a canary promoted (the pointer is unchanged: the release was approved as a
+    canary, and its pre-registered test ended it)."""
+    return {
+        "event": "canary",
+        "decision": "promote",
+        "batch": pointer["batch"],
+        "approval_id": pointer.get("approval_id"),
+        "adapter_sha256": pointer["adapter_sha256"],
+        "reason": f"canary {pointer['batch']}: {rec['reason']}",
+        "canary_record_sha256": io.sha256_file(Path(root) / report_paths(str(pointer["batch"]))[0]),
+        **decision_fields(rec),
+        "at": at,
+    }
+
+
+def params_of(root: Path) -> CanaryParams:
+    """Params ``serve.canary`` of the project at ``root``."""
     from clap import params
-    from clap.release import control
-    from clap.release.registry import read_pointer_file
 
-    root = Path(root)
-    raw = params.raw_section("serve", root / "params.yaml")
-    p = params.build(CanaryParams, (raw or {}).get("canary"), where="serve.canary", file=root / "params.yaml")
-    pointer = read_pointer_file(root)
-    if pointer.get("decision") != "canary":
-        raise ClapError(
-            f"production serves batch {pointer.get('batch')!r} as {pointer.get('decision')!r}, not as a canary: "
-            "nothing to analyze",
-            file=root / "releases/production.json",
-            column="decision",
-            rule="no_canary",
-        )
-    log = root / p.log
-    if not log.exists():
-        raise ClapError(
-            "no canary log: `clap serve` writes one while a canary is served", file=log, rule="no_canary_log"
-        )
-    rec = report(pointer, log, read_log(log, pointer["adapter_sha256"]), p)
-    json_path, md_path = report_paths(pointer["batch"])
-    io.write_json(root / json_path, rec)
-    io.atomic_write_text(root / md_path, render(rec))
-    applied = None
-    if apply and rec["decision"] == "rollback":
-        applied = control.rollback(root, canary=True)
-    elif apply and rec["decision"] == "promote":
-        applied = control.commit_canary_promotion(root, pointer["batch"], [json_path, md_path])
-    return {**rec, "applied": applied}
+    raw = params.raw_section("serve", Path(root) / "params.yaml")
+    return params.build(
+        CanaryParams, (raw or {}).get("canary"), where="serve.canary", file=Path(root) / "params.yaml"
+    )
+
+
+def write_report(root: Path, rec: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Write the analysis record and its markdown report; their repository paths."""
+    json_path, md_path = report_paths(str(rec["batch"]))
+    io.write_json(Path(root) / json_path, dict(rec))
+    io.atomic_write_text(Path(root) / md_path, render(rec))
+    return json_path, md_path

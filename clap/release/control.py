@@ -12,9 +12,12 @@ on disk; the gate's current decision is promote or canary and equal to the token
 evaluation ran against the current production adapter and its records are committed; the
 handoff artifacts validate and the cost is within budget. Then the adapter folder is signed
 in the OpenSSF model-signing format with an EC P-256 key (:mod:`clap.release.signing`; the
-signature must sign exactly the approved adapter and config bytes), and the pointer, history,
-ledger, handoff files, signature and public key are written and committed together; on any
-failure they are restored and nothing is committed. A rollback restores the previous pointer from git
+signature must sign exactly the approved adapter and config bytes), and two commits are made:
+the *ledger commit* (history, ledger, handoff files, signature and public key: every append-only
+row) and the *pointer commit* (``releases/production.json`` alone), so that ``git revert`` of the
+pointer commit is a rollback that loses no row (:mod:`clap.release.registry`); on any failure
+both are undone and every file restored. A release or rollback made after such a revert first
+records it in the history (``rollback`` events with ``reason: git revert``). A rollback restores the previous pointer from git
 (the pointer as it was before the current release's commit), restores that adapter's
 bytes with ``dvc checkout``/``dvc pull`` and verifies its sha256 before committing; it may act
 on a batch's gate decision (``production_decision: rollback``, the incumbent failing on that
@@ -49,6 +52,7 @@ from clap import io, params, vcs
 from clap.errors import ClapError
 from clap.model.base import ADAPTER_FILE
 from clap.params import bad_param, check_keys
+from clap.release import canary as canary_mod
 from clap.release.approval import (
     RELEASABLE,
     Binding,
@@ -81,6 +85,7 @@ from clap.release.registry import (
     read_trust,
     recorded_base_sha256,
     release_stack,
+    reverted_above,
 )
 from clap.release.registry import read_jsonl as _read_jsonl
 from clap.release.signing import PUBLIC_KEY as SIGNING_PUBLIC_KEY
@@ -212,6 +217,12 @@ def _was_used(root: Path, jti: str) -> bool:
 
 def _append_line(text: str, row: dict[str, Any]) -> str:
     return text + json.dumps(row, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _appended(text: str, rows: list[dict[str, Any]]) -> str:
+    for row in rows:
+        text = _append_line(text, row)
+    return text
 
 
 def _now() -> str:
@@ -580,15 +591,7 @@ def release(
     with _locked(root):
         tokens = [tokens] if isinstance(tokens, str) else list(tokens)
         change = _plan_release(root, batch, tokens, p, signing_key, uncertified, scenario)
-        return _record(
-            root,
-            change.event,
-            change.handoff,
-            change.message,
-            used=change.used,
-            tags=change.tags,
-            files=change.files,
-        )
+        return _record(root, change)
 
 
 @dataclass(frozen=True)
@@ -602,6 +605,7 @@ class _Change:
     used: list[dict[str, Any]] | None = None  # ledger rows (a release consumes its approvals)
     tags: list[tuple[str, str]] | None = None  # GTO tags (name, message) put on the commit
     files: dict[Path, bytes] | None = None  # more files to commit (the model signature)
+    reverted: list[dict[str, Any]] | None = None  # rollbacks made by `git revert`, recorded first
 
 
 def _plan_release(
@@ -654,6 +658,7 @@ def _plan_release(
         used=used,
         tags=tags,
         files=files,
+        reverted=reverted_rollbacks(root, pointer, "clap release"),
     )
 
 
@@ -731,37 +736,80 @@ def _over_budget(cost: dict[str, Any], p: CostParams) -> bool:
     )
 
 
-def _record(
-    root: Path,
-    event: dict[str, Any],
-    handoff: Handoff,
-    message: str,
-    used: list[dict[str, Any]] | None = None,
-    tags: list[tuple[str, str]] | None = None,
-    files: dict[Path, bytes] | None = None,
-) -> dict[str, Any]:
-    """Write the handoff files (and ``files``: repository path -> bytes), the event (and, for a
-    release, ledger and pointer), commit them and put the annotated ``tags`` (name, message) on
-    the commit, all or nothing."""
-    out_dir = HANDOFF / (event.get("batch") or event["pointer"]["batch"])
-    files = files or {}
-    paths = [HISTORY, out_dir / CARD, out_dir / MANIFEST, out_dir / COST, *files] + (
-        [LEDGER, POINTER] if used else []
-    )
+def _record(root: Path, change: _Change) -> dict[str, Any]:
+    """Write the handoff files (and ``change.files``: repository path -> bytes) and the event, all
+    or nothing. A hold is one commit. A release is two: the ledger commit (the rollbacks made by
+    revert, the release event, the consumed approvals, handoff and signature: every append-only
+    row) and the pointer commit (``releases/production.json`` alone, carrying the GTO tags): a
+    ``git revert`` of the pointer commit is then a rollback that removes no row."""
+    event = change.event
+    batch = event.get("batch") or event["pointer"]["batch"]
+    out_dir = HANDOFF / batch
+    files = change.files or {}
+    rows = [*_handoff_files(out_dir), *files]
+    paths = [HISTORY, *rows] + ([LEDGER, POINTER] if change.used else [])
     with _transaction(root, paths):
-        write_handoff(handoff, root / out_dir)
+        write_handoff(change.handoff, root / out_dir)
         for path, data in files.items():
             io.atomic_write_bytes(root / path, data)
-        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
-        if used:
-            ledger = _text(root / LEDGER)
-            for row in used:
-                ledger = _append_line(ledger, row)
-            io.atomic_write_text(root / LEDGER, ledger)
-            io.write_json(root / POINTER, event["pointer"])
-        commit = _commit(root, paths, message)
-        created = _create_tags(root, [(name, commit, text) for name, text in tags or []])
-        return {**event, "release_commit": commit, **({"tags": created} if created else {})}
+        io.atomic_write_text(
+            root / HISTORY, _appended(_text(root / HISTORY), [*(change.reverted or []), event])
+        )
+        if not change.used:  # a hold: production unchanged, one commit
+            commit = _commit(root, [HISTORY, *rows], change.message)
+            return {**event, "release_commit": commit}
+        io.atomic_write_text(root / LEDGER, _appended(_text(root / LEDGER), change.used))
+        jti = event["pointer"]["approval_id"]
+        ledger_commit = _commit(root, [HISTORY, LEDGER, *rows], f"release {batch}: ledger (approval {jti})")
+        io.write_json(root / POINTER, event["pointer"])
+        commit = _commit(root, [POINTER], change.message + POINTER_COMMIT_BODY)
+        created = _create_tags(root, [(name, commit, text) for name, text in change.tags or []])
+        return {
+            **event,
+            "release_commit": commit,
+            "ledger_commit": ledger_commit,
+            **({"tags": created} if created else {}),
+        }
+
+
+POINTER_COMMIT_BODY = (
+    "\n\nThis commit changes only releases/production.json: `git revert` it to roll back"
+    "\n(the approval stays spent; `clap registry-check` accepts the revert as a rollback)."
+)
+
+
+def _handoff_files(out_dir: Path) -> list[Path]:
+    """The handoff files a release or hold writes under ``out_dir``."""
+    return [out_dir / CARD, out_dir / MANIFEST, out_dir / COST]
+
+
+def reverted_rollbacks(root: Path, pointer: dict[str, Any], by: str) -> list[dict[str, Any]]:
+    """The rollback events of the releases above ``pointer`` on the stack (their pointer commits
+    reverted in git, not yet in history.jsonl), oldest rollback first, for ``by`` to record."""
+    stack = release_stack(read_history(root))
+    above = reverted_above(stack, pointer)
+    if not above:
+        return []
+    moved = vcs.git(root, "log", "-1", "--format=%H", "--", str(POINTER)).strip()
+    events = []
+    for n, gone in enumerate(above):
+        below = stack[len(stack) - n - 2] if len(stack) - n >= 2 else {"batch": None, "adapter_sha256": None}
+        events.append(
+            {
+                "event": "rollback",
+                "from_batch": gone.get("batch"),
+                "to_batch": below.get("batch"),
+                "adapter_sha256": below.get("adapter_sha256"),
+                "reason": "git revert",
+                "pointer_commit": moved,  # the last commit that changed the pointer
+                "recorded_by": by,
+                **(
+                    {"to": "base", "policy": "release.rollback_to_base"} if below.get("batch") is None else {}
+                ),
+                "at": _now(),
+            }
+        )
+    return events
 
 
 def _text(path: Path) -> str:
@@ -773,9 +821,10 @@ def _text(path: Path) -> str:
 
 def _release_commit(root: Path, approval_id: str) -> str:
     """The commit that released approval ``approval_id`` (found by its message)."""
-    shas = vcs.git(
-        root, "log", "--format=%H", "-F", f"--grep=(approval {approval_id})", "--", str(POINTER)
-    ).split()
+    lines = vcs.git(
+        root, "log", "--format=%H %s", "-F", f"--grep=(approval {approval_id})", "--", str(POINTER)
+    ).splitlines()
+    shas = [line.split(" ", 1)[0] for line in lines if line.split(" ", 1)[-1].startswith("release ")]
     if len(shas) != 1:
         raise ClapError(
             f"cannot find the one commit that released approval {approval_id} (found {len(shas)})",
@@ -870,17 +919,75 @@ def gate_rollback(root: Path, batch: str, pointer: dict[str, Any]) -> dict[str, 
 def canary_rollback(root: Path, pointer: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """What a rollback on the canary analysis of the release in production records, and the analysis
     files it commits (:func:`clap.release.canary.rollback_evidence`)."""
-    from clap.release.canary import report_paths, rollback_evidence
-
-    return rollback_evidence(root, pointer), [
-        p for p in report_paths(str(pointer["batch"])) if (root / p).exists()
+    return canary_mod.rollback_evidence(root, pointer), [
+        p for p in canary_mod.report_paths(str(pointer["batch"])) if (root / p).exists()
     ]
 
 
-def commit_canary_promotion(root: Path, batch: str, paths: list[Path]) -> str:
-    """Commit the canary analysis that promotes ``batch`` (it then serves all traffic); the commit id."""
+def commit_canary_promotion(root: Path, pointer: dict[str, Any], rec: dict[str, Any]) -> str:
+    """Commit the canary analysis that promotes the release in production (it then serves all
+    traffic) with a ``canary`` event in history.jsonl (decision, e-values, who acted); the commit id."""
+    paths = [p for p in canary_mod.report_paths(str(pointer["batch"])) if (root / p).exists()]
     with _locked(root):
-        return _commit(root, paths, f"canary {batch}: promote (all traffic)")
+        vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
+        event = canary_mod.promotion_event(root, pointer, rec, _now())
+        with _transaction(root, [HISTORY, *paths]):
+            io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+            return _commit(root, [HISTORY, *paths], f"canary {pointer['batch']}: promote (all traffic)")
+
+
+def run_canary(root: Path, apply: bool, *, actor: str = "clap canary") -> dict[str, Any]:
+    """Analyze the log of the canary in production and write its record and report; with ``apply``,
+    act on the verdict (:func:`act_on_canary`). ``clap canary`` by hand; ``clap serve``'s watcher
+    calls :func:`act_on_canary` itself.
+
+    Returns:
+        The analysis record, with ``applied`` (the rollback event, the promote commit, or None).
+
+    Raises:
+        ClapError: nothing in production is a canary, the log is missing or malformed.
+    """
+    root = Path(root)
+    p = canary_mod.params_of(root)
+    pointer = read_pointer(root)
+    if pointer.get("decision") != "canary":
+        raise ClapError(
+            f"production serves batch {pointer.get('batch')!r} as {pointer.get('decision')!r}, not as a canary: "
+            "nothing to analyze",
+            file=root / POINTER,
+            column="decision",
+            rule="no_canary",
+        )
+    log = root / p.log
+    if not log.exists():
+        raise ClapError(
+            "no canary log: `clap serve` writes one while a canary is served", file=log, rule="no_canary_log"
+        )
+    rec = {
+        **canary_mod.report(pointer, log, canary_mod.read_log(log, pointer["adapter_sha256"]), p),
+        "actor": actor,
+    }
+    canary_mod.write_report(root, rec)
+    applied = act_on_canary(root, pointer, rec) if apply else None
+    return {**rec, "applied": applied}
+
+
+def act_on_canary(root: Path, pointer: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any] | str | None:
+    """Act on the canary analysis ``rec`` (already written by :func:`clap.release.canary.write_report`)
+    of the release ``pointer``: ``rollback`` through :func:`rollback` (previous adapter restored and
+    hash-checked, a ``rollback`` event with the decision and its e-values, the analysis committed with
+    it), ``promote`` through :func:`commit_canary_promotion`; ``continue``: nothing (None).
+
+    Who acts signs nothing: neither action can put an unapproved adapter in production (a rollback
+    only moves down the stack to a release approved before; a promotion leaves the pointer, approved
+    as a canary, as it is), and the decision is a function of the committed analysis and the
+    pre-registered params; ``canary_actor`` records who made it.
+    """
+    if rec["decision"] == "rollback":
+        return rollback(root, canary=True)
+    if rec["decision"] == "promote":
+        return commit_canary_promotion(root, pointer, rec)
+    return None
 
 
 def _unassign_tag(
@@ -930,7 +1037,7 @@ def rollback(root: Path, batch: str | None = None, *, canary: bool = False) -> d
     root = Path(root)
     p = load_params(root)
     with _locked(root):
-        pointer, stack = _releases_in_effect(root)
+        pointer, stack, by_revert = _releases_in_effect(root)
         evidence: list[Path] = []
         if batch is not None:
             why = gate_rollback(root, batch, pointer)
@@ -946,23 +1053,26 @@ def rollback(root: Path, batch: str | None = None, *, canary: bool = False) -> d
                     "to the base model)",
                     rule="no_previous_release",
                 )
-            return _rollback_to_base(root, pointer, why, evidence)
-        return _apply_rollback(root, _plan_rollback(root, pointer, stack[-2], why), evidence)
+            return _rollback_to_base(root, pointer, why, evidence, by_revert)
+        return _apply_rollback(root, _plan_rollback(root, pointer, stack[-2], why), evidence, by_revert)
 
 
-def _releases_in_effect(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The production pointer and the releases in effect (oldest first), checked to agree: something
-    must be in production, and it must be the last release in effect."""
+def _releases_in_effect(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The production pointer, the releases in effect up to it (oldest first) and the rollback events
+    of the releases above it (their pointer commits reverted in git, recorded with this rollback):
+    something must be in production, and it must be on the stack."""
     vcs.require_committed(root, [POINTER, HISTORY, LEDGER], "releases/ has uncommitted changes")
     pointer, stack = read_pointer(root), release_stack(read_history(root))
     if pointer.get("batch") is None or not stack:
         raise ClapError("nothing is in production: there is nothing to roll back", rule="nothing_released")
-    if stack[-1] != pointer:
+    try:
+        reverted = reverted_rollbacks(root, pointer, "clap rollback")
+    except ClapError as e:
         raise ClapError(
-            "releases/production.json does not match the last release in history.jsonl: fix by hand",
+            f"{e.args[0]}: releases/production.json does not match history.jsonl, fix by hand",
             rule="inconsistent_releases",
-        )
-    return pointer, stack
+        ) from e
+    return pointer, stack[: len(stack) - len(reverted)], reverted
 
 
 @dataclass(frozen=True)
@@ -1037,7 +1147,9 @@ def _rollback_tags(
     return tags
 
 
-def _apply_rollback(root: Path, plan: _Rollback, evidence: list[Path]) -> dict[str, Any]:
+def _apply_rollback(
+    root: Path, plan: _Rollback, evidence: list[Path], by_revert: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Restore the previous adapter's bytes (sha256 verified), then write the pointer and the event,
     commit them (with the ``evidence`` files the rollback acts on) and create the tags, all or nothing."""
     how = restore_adapter(root, plan.previous["batch"], plan.previous["adapter_sha256"])
@@ -1053,7 +1165,7 @@ def _apply_rollback(root: Path, plan: _Rollback, evidence: list[Path]) -> dict[s
     }
     with _transaction(root, [POINTER, HISTORY, *evidence]):
         io.atomic_write_text(root / POINTER, plan.restored)
-        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+        io.atomic_write_text(root / HISTORY, _appended(_text(root / HISTORY), [*by_revert, event]))
         commit = _commit(
             root,
             [POINTER, HISTORY, *evidence],
@@ -1069,7 +1181,11 @@ BASE_POINTER = {
 
 
 def _rollback_to_base(
-    root: Path, pointer: dict[str, Any], why: dict[str, Any], evidence: list[Path]
+    root: Path,
+    pointer: dict[str, Any],
+    why: dict[str, Any],
+    evidence: list[Path],
+    by_revert: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """Take the first (and only) release in effect out of production: the base model serves.
 
@@ -1103,7 +1219,7 @@ def _rollback_to_base(
     }
     with _transaction(root, [POINTER, HISTORY, *evidence]):
         io.write_json(root / POINTER, BASE_POINTER)
-        io.atomic_write_text(root / HISTORY, _append_line(_text(root / HISTORY), event))
+        io.atomic_write_text(root / HISTORY, _appended(_text(root / HISTORY), [*by_revert, event]))
         commit = _commit(
             root,
             [POINTER, HISTORY, *evidence],

@@ -22,6 +22,23 @@ release is the signed approval behind it. :func:`verify_pointer` accepts the poi
   ``to_batch: null``, leaves nothing released: the base model, ``clap rollback`` under
   ``release.rollback_to_base``).
 
+**Rollback is ``git revert`` of the pointer commit.** ``clap release`` commits twice: first the
+*ledger commit* (``release <batch>: ledger (approval <id>)``: the release event in ``history.jsonl``,
+the consumed approvals in ``approvals_used.jsonl``, the handoff files and the model signature: every
+append-only row), then the *pointer commit* (``release <batch>: <decision> (approval <id>)``), which
+changes ``releases/production.json`` alone. ``git revert <pointer commit>`` therefore restores the
+previous pointer and removes no row: the approval stays spent (its ledger row is still there) and the
+history keeps the release. Readers accept a pointer that is *any* release still on the stack (the one on
+top, or one below it: the releases above were rolled back by reverting their pointer commits), and the
+base model (``batch: null``) under ``release.rollback_to_base``; ``clap registry-check`` recognises
+each commit that moves the pointer down the stack as a rollback (its target's key must not be revoked),
+and refuses a commit that moves it *up* to a release that was in effect before (a revert of such a
+revert, or of ``clap rollback``'s commit, which would also remove a row): bringing a rolled-back adapter
+back needs fresh approvals and a new ``clap release``. The next ``clap release`` or ``clap rollback``
+writes the rollbacks made by revert into ``history.jsonl`` (``reason: git revert``) before its own
+event. ``clap serve`` and eval read the working tree only, so a revert of a revert that restores a pointer
+still on the stack is caught by ``clap registry-check`` (CI), as every other history rewrite is.
+
 A pointer with ``batch: null`` (nothing released) is valid. ``clap registry-check``
 (:func:`check_registry`) replays the whole history with the same checks, commit by commit
 through git (every commit that changed ``releases/``; history, ledger and trust log may only
@@ -127,6 +144,32 @@ def release_stack(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             stack.pop()
     return stack
+
+
+def position_in_stack(stack: list[dict[str, Any]], pointer: dict[str, Any]) -> int | None:
+    """Where ``pointer`` is in the releases in effect: its index, -1 for nothing released (the base
+    model), None when it is none of them (never released, or taken out by a recorded rollback)."""
+    if pointer.get("batch") is None:
+        return -1
+    return next((i for i, entry in enumerate(stack) if entry == pointer), None)
+
+
+def reverted_above(stack: list[dict[str, Any]], pointer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The releases on the stack above ``pointer``: rolled back by a ``git revert`` of their pointer
+    commits and not yet recorded in history.jsonl (newest first); [] when the pointer is on top.
+
+    Raises:
+        ClapError: the pointer is not on the stack at all.
+    """
+    at = position_in_stack(stack, pointer)
+    if at is None:
+        raise ClapError(
+            f"releases/production.json names batch {pointer.get('batch')!r} (approval {pointer.get('approval_id')}), "
+            "which is not a release in effect in history.jsonl",
+            file=POINTER,
+            rule="not_in_effect",
+        )
+    return list(reversed(stack[at + 1 :]))
 
 
 def read_pointer_file(root: Path) -> dict[str, Any]:
@@ -423,14 +466,8 @@ def verify_pointer(
         )
     claims = verify_release_event(events[0], reg)
     stack = _replay(root, reg, None, verify_each=False)
-    if not stack or stack[-1] != pointer:
-        now = stack[-1].get("batch") if stack and isinstance(stack[-1], dict) else None
-        raise ClapError(
-            f"the release of batch {batch} (approval {jti}) is not the one in effect in history.jsonl "
-            f"(in effect: {now!r}); a pointer can only be restored by `clap rollback`",
-            file=root / POINTER,
-            rule="not_in_effect",
-        )
+    if position_in_stack(stack, pointer) is None:
+        raise _rolled_back(pointer, stack, root / POINTER)
     adapter_dir = Path(adapters_dir if adapters_dir is not None else root / ADAPTERS) / str(batch)
     _check_file(adapter_dir / ADAPTER_FILE, claims["adapter_sha256"], "adapter")
     _check_file(adapter_dir / ADAPTER_CONFIG, claims["adapter_config_sha256"], "adapter config")
@@ -450,6 +487,37 @@ def verify_pointer(
         approver=claims["iss"],
         adapter_dir=adapter_dir,
     )
+
+
+def _rolled_back(pointer: dict[str, Any], stack: list[dict[str, Any]], file: Path | str) -> ClapError:
+    """The refusal of a pointer that is a release no longer on the stack (a recorded rollback took it out)."""
+    now = [str(entry.get("batch")) for entry in stack]
+    return ClapError(
+        f"the release of batch {pointer.get('batch')} (approval {pointer.get('approval_id')}) is not in effect in "
+        f"history.jsonl (releases in effect: {', '.join(now) or 'none'}): it was rolled back, and bringing a "
+        "rolled-back adapter back needs fresh approvals (`clap approve`, then `clap release`); a pointer can "
+        "only go back down the stack (`git revert` of a pointer commit, or `clap rollback`)",
+        file=file,
+        rule="not_in_effect",
+    )
+
+
+def _require_base_allowed(params_root: Path, stack: list[dict[str, Any]]) -> None:
+    """Nothing released while releases are in effect, by a revert of the first release's pointer
+    commit: only under params ``release.rollback_to_base``, as for ``clap rollback``."""
+    allowed = params.raw_section("release", Path(params_root) / "params.yaml").get("rollback_to_base")
+    if not isinstance(allowed, bool):
+        raise bad_param(
+            "release.rollback_to_base", "must be true or false", Path(params_root) / "params.yaml"
+        )
+    if not allowed:
+        raise ClapError(
+            f"releases/production.json was reverted to nothing released while history.jsonl has batch "
+            f"{stack[0].get('batch')} in effect: a revert of the first release's pointer commit falls back to "
+            "the base model only when release.rollback_to_base is true",
+            file=POINTER,
+            rule="not_in_effect",
+        )
 
 
 # ---------------------------------------------------------------- clap registry-check
@@ -499,6 +567,13 @@ def _replay(
             line = _rollback_line(current, returned_to, to_base, event) if shown else ""
         elif kind == "hold":
             line = f"hold {event.get('batch')}: production unchanged ({event.get('reason', 'no reason')})"
+        elif kind == "canary":
+            line = (
+                f"canary {event.get('batch')}: {event.get('decision')} by {event.get('canary_actor')} "
+                f"(harm e-value {event.get('harm_e_value')}, non-inferiority e-value "
+                f"{event.get('non_inferiority_e_value')}, at request {event.get('canary_decided_at_request')}): "
+                "production unchanged, all traffic to it"
+            )
         else:
             raise ClapError(f"unknown event {kind!r}", file=root / HISTORY, row=n, rule="corrupt_jsonl")
         if shown and emit is not None:
@@ -619,12 +694,14 @@ def _check_state(
     first_trust: int = 0,
     label: str = "",
     current: bool = True,
-) -> tuple[_Registry, dict[str, Any]]:
-    """Replay the ``releases/`` under ``root`` with every check; return what was read and the pointer.
+) -> tuple[_Registry, dict[str, Any], list[dict[str, Any]]]:
+    """Replay the ``releases/`` under ``root`` with every check; return what was read, the pointer and
+    the releases on the stack (the pointer is one of them, or null).
 
     Every release is verified (:func:`verify_release_event`) and every rollback must return to the
-    previous release; the production pointer must be the release in effect (or null with none in
-    effect). When ``current`` (the state serve and eval read now), its approval's key must not be
+    previous release; the production pointer must be a release on the stack (the top one, or one
+    below it: those above were reverted in git), or null with none in effect (or under
+    ``release.rollback_to_base``). When ``current`` (the state serve and eval read now), its approval's key must not be
     revoked at all; a past commit's production pointer is held to the revocations of its time
     (the commit that revokes the key behind production is history, not a fault).
     """
@@ -635,15 +712,8 @@ def _check_state(
              f"after history event {event['after_event']}, signed by {signed}")  # fmt: skip
     stack = _replay(root, reg, emit, verify_each=True, first=first, label=label)
     pointer = read_pointer_file(root)
-    if pointer["batch"] is None:
-        if stack:
-            raise ClapError(
-                f"releases/production.json says nothing is released, but history.jsonl has batch "
-                f"{stack[-1].get('batch')} in effect",
-                file=POINTER,
-                rule="not_in_effect",
-            )
-        return reg, pointer
+    if pointer["batch"] is None:  # always valid here; reverted to from a release: _check_pointer_move
+        return reg, pointer, stack
     events = _releases_of(reg.history, pointer.get("approval_id"))
     if not stack or not events:
         raise ClapError(
@@ -652,16 +722,19 @@ def _check_state(
             file=POINTER,
             rule="no_approval",
         )
-    bad = _diff(stack[-1], pointer, "pointer", sorted(set(stack[-1]) | set(pointer)))
+    approved = events[0]["pointer"]
+    bad = _diff(approved, pointer, "pointer", sorted(set(approved) | set(pointer)))
     if bad:
         raise ClapError(
             "releases/production.json is not the release in effect in history.jsonl: " + "; ".join(bad),
             file=POINTER,
             rule="pointer_mismatch",
         )
+    if position_in_stack(stack, pointer) is None:
+        raise _rolled_back(pointer, stack, POINTER)
     if current:
         verify_release_event(events[0], reg)  # as the production pointer now: no revoked key at all
-    return reg, pointer
+    return reg, pointer, stack
 
 
 def recorded_base_sha256(root: Path) -> str | None:
@@ -720,8 +793,7 @@ def _require_append_only(
             n = next((i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), len(after))
             raise ClapError(
                 f"{path} is append-only, but row {n + 1} of {parent_name} was removed or rewritten "
-                "(history, ledger and trust log can only grow: a `git revert` of a release, or a rewrite "
-                "around a key change, is refused; use `clap rollback`)",
+                f"({_removed_row_hint(before[n])})",
                 file=path,
                 row=n + 1,
                 rule="rewritten_history",
@@ -740,6 +812,25 @@ def _require_append_only(
                 column="after_event",
                 rule="rewritten_history",
             )
+
+
+def _removed_row_hint(row: Any) -> str:
+    """What removing ``row`` from an append-only file means, and what to do instead."""
+    kind = row.get("event") if isinstance(row, dict) else None
+    if kind == "rollback":
+        return (
+            f"the rollback {row.get('from_batch')} -> {row.get('to_batch') or 'base'}: reverting a rollback is "
+            f"refused; bringing {row.get('from_batch')} back needs fresh approvals (`clap approve`, then "
+            "`clap release`)"
+        )
+    if kind == "release" or (isinstance(row, dict) and "jti" in row and "used_at" in row):
+        return (
+            "a release's ledger rows: to roll back, `git revert` the release's pointer commit "
+            "(`release <batch>: <decision> (approval <id>)`, which changes only releases/production.json), "
+            "or run `clap rollback`; a revert of its ledger commit, or of a release committed in one commit "
+            "before releases split into two, would free the approval"
+        )
+    return "history, ledger and trust log can only grow: a rewrite around a key change is refused"
 
 
 def _committed_rows(root: Path, commit: str | None) -> dict[Path, list[Any]]:
@@ -960,6 +1051,57 @@ def _check_current_signatures(history: list[dict[str, Any]], read: Callable[[Pat
                 )
 
 
+def _check_pointer_move(
+    root: Path,
+    parent: str | None,
+    pointer: dict[str, Any],
+    stack: list[dict[str, Any]],
+    reg: _Registry,
+    emit: Callable[[str], None],
+    label: str,
+) -> None:
+    """How the production pointer moved from ``parent``'s to this state's (``stack``: the releases on
+    this state's stack). Down the stack is a rollback (a ``git revert`` of pointer commits, or ``clap
+    rollback``): its release must not be approved by a revoked key. Up the stack it may only go to the
+    top, to a release that was never the production pointer before: one that was (a revert of a
+    rollback) needs fresh approvals."""
+    before = (_json_blob(root, parent, POINTER) if parent else None) or {"batch": None}
+    if before == pointer:
+        return
+    at = position_in_stack(stack, pointer)
+    was = position_in_stack(stack, before)
+    was = len(stack) if was is None else was  # taken out by a rollback this state records
+    if at is None:
+        raise _rolled_back(pointer, stack, POINTER)
+    if at == was:  # the same release (or nothing released, noted differently)
+        return
+    if at < was:
+        if at >= 0:
+            verify_release_event(_releases_of(reg.history, pointer["approval_id"])[0], reg)  # not revoked now
+        if was < len(stack):  # no rollback event: the pointer commit(s) above were reverted
+            if at < 0:
+                _require_base_allowed(root, stack)
+            gone = ", ".join(str(e.get("batch")) for e in reversed(stack[at + 1 : was + 1]))
+            emit(
+                f"{label}pointer: rollback {gone} -> {pointer.get('batch') or 'base'} by reverting the pointer "
+                "commit(s) (releases/production.json only; history and ledger keep every row, the approvals "
+                "stay spent)"
+            )
+        return
+    jti = pointer.get("approval_id")
+    ever = vcs.git(root, "log", "--format=%h %s", "-S", str(jti), parent, "--", POINTER) if parent else ""
+    if at != len(stack) - 1 or ever.strip():
+        first = ever.strip().splitlines()[-1] if ever.strip() else "an earlier commit"
+        raise ClapError(
+            f"releases/production.json brings back batch {pointer.get('batch')} (approval {jti}), which was "
+            f"rolled back after it was in production (first in effect at {first}): reverting a rollback is "
+            "refused, bringing a rolled-back adapter back needs fresh approvals (`dvc repro`, `clap approve` "
+            "by the approvers, then `clap release`)",
+            file=POINTER,
+            rule="rolled_back_release",
+        )
+
+
 def _in_commit(commit: str, subject: str, e: ClapError, tmp: str) -> ClapError:
     """``e`` as found in ``commit``, its file named ``<commit>:<path in the repository>``."""
     file = str(e.file).removeprefix(tmp).lstrip("/") if e.file is not None else None
@@ -1025,10 +1167,16 @@ def _check_commit(
     with tempfile.TemporaryDirectory(prefix="clap-registry-") as tmp:
         try:
             child = _committed_rows(root, sha)
+            for parent_sha in parents or [None]:  # first: a removed row says more than its consequences
+                _require_append_only(
+                    _committed_rows(root, parent_sha),
+                    child,
+                    f"parent {parent_sha[:12]}" if parent_sha else "the empty registry",
+                )
             _materialize(root, sha, Path(tmp))
             parent = _committed_rows(root, parents[0]) if parents else None
             before = len(parent[HISTORY]) if parent else 0
-            reg, _ = _check_state(
+            reg, pointer, stack = _check_state(
                 Path(tmp),
                 root,
                 emit,
@@ -1037,6 +1185,8 @@ def _check_commit(
                 label=f"{sha[:12]} ",
                 current=False,
             )
+            for parent_sha in parents or [None]:
+                _check_pointer_move(root, parent_sha, pointer, stack, reg, emit, f"{sha[:12]} ")
             _check_new_releases(
                 root,
                 reg.history,
@@ -1046,12 +1196,6 @@ def _check_commit(
                 emit,
                 f"{sha[:12]} ",
             )
-            for parent in parents or [None]:
-                _require_append_only(
-                    _committed_rows(root, parent),
-                    child,
-                    f"parent {parent[:12]}" if parent else "the empty registry",
-                )
         except ClapError as e:
             raise _in_commit(sha, subject, e, tmp) from e
 
@@ -1061,13 +1205,16 @@ def _check_worktree(root: Path, rev: str, emit: Callable[[str], None]) -> tuple[
     its uncommitted events after those of ``rev``; return what was read and the production pointer."""
     head = _committed_rows(root, vcs.git(root, "rev-parse", rev).strip())
     try:
-        reg, pointer = _check_state(
+        reg, pointer, stack = _check_state(
             root,
             root,
             emit,
             first=len(head[HISTORY]),
             first_trust=len(head[TRUST_LOG]),
             label="working tree ",
+        )
+        _check_pointer_move(
+            root, vcs.git(root, "rev-parse", rev).strip(), pointer, stack, reg, emit, "working tree "
         )
         _check_new_releases(
             root,

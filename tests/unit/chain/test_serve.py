@@ -28,7 +28,7 @@ CP = ChainParams(
     retrieval=tiny_retrieval(),
 )
 NO_CANARY = CanaryParams(
-    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100, watch_every=0
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200, canary=NO_CANARY)
 
@@ -182,7 +182,13 @@ def test_a_canary_is_served_beside_its_verified_incumbent_and_logged(repo, tmp_p
     keys = repo.parent / f"{repo.name}-keys"
     sign_release(root, "2026-02", keys, base_sha256(root / "models/base"), decision="canary")
     p = C.CanaryParams(
-        fraction=0.5, seed=3, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+        fraction=0.5,
+        seed=3,
+        log="logs/canary.jsonl",
+        alpha=0.05,
+        max_ratio=1.5,
+        max_requests=100,
+        watch_every=0,
     )
     sp = ServeParams("127.0.0.1", 0, "refuse", 200, p)
     chain, served, route = load_service(root, sp, CP)

@@ -20,7 +20,13 @@ from clap.task.scoring import parse_answer, reference_free_checks, scoring_param
 
 REPO = Path(__file__).resolve().parents[3]
 P = C.CanaryParams(
-    fraction=0.2, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=10**6
+    fraction=0.2,
+    seed=0,
+    log="logs/canary.jsonl",
+    alpha=0.05,
+    max_ratio=1.5,
+    max_requests=10**6,
+    watch_every=0,
 )
 
 
@@ -202,7 +208,13 @@ def _served(batch, sha, decision):
 )
 def test_a_canary_over_http_is_logged_per_arm_and_decided(tmp_path, canary_fail, expected):
     p = C.CanaryParams(
-        fraction=0.3, seed=1, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=2000
+        fraction=0.3,
+        seed=1,
+        log="logs/canary.jsonl",
+        alpha=0.05,
+        max_ratio=1.5,
+        max_requests=2000,
+        watch_every=0,
     )
     sp = ServeParams("127.0.0.1", 0, "refuse", 200, p)
     canary_sha = "c" * 64

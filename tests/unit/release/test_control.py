@@ -88,9 +88,13 @@ def test_release_commits_pointer_history_ledger_and_handoff(repo):
         git(repo, "log", "-1", "--format=%s").strip()
         == f"release {X}: promote (approval {pointer['approval_id']})"
     )
-    committed = set(git(repo, "show", "--name-only", "--format=", "HEAD").split())
+    assert set(git(repo, "show", "--name-only", "--format=", "HEAD").split()) == {"releases/production.json"}
+    assert "`git revert` it to roll back" in git(repo, "log", "-1", "--format=%b")
+    assert git(repo, "log", "-1", "--format=%s", "HEAD~1").strip() == (
+        f"release {X}: ledger (approval {pointer['approval_id']})"
+    )
+    committed = set(git(repo, "show", "--name-only", "--format=", "HEAD~1").split())
     assert committed == {
-        "releases/production.json",
         "releases/history.jsonl",
         "releases/approvals_used.jsonl",
         f"releases/handoff/{X}/README.md",
@@ -555,12 +559,11 @@ def _canary_in_production(repo, fail_canary: float, fail_incumbent: float, n: in
 
 
 def test_a_canary_breach_rolls_back_through_the_signed_path_with_its_analysis(repo):
-    from clap.release import canary as C
 
     _canary_in_production(repo, fail_canary=0.5, fail_incumbent=0.1)
     first = read_jsonl(repo / "releases" / "history.jsonl")[0]["pointer"]
     refused(repo, lambda: R.rollback(repo, canary=True), "no_canary_analysis")
-    rec = C.run(repo, apply=True)
+    rec = R.run_canary(repo, apply=True)
     assert rec["decision"] == "rollback" and rec["decided_at_request"] < 600
     event = rec["applied"]
     assert R.read_pointer(repo) == first and event["to_batch"] == X
@@ -582,8 +585,127 @@ def test_a_promoted_canary_is_committed_and_is_not_a_rollback(repo):
     from clap.release import canary as C
 
     _canary_in_production(repo, fail_canary=0.02, fail_incumbent=0.4)
-    rec = C.run(repo, apply=True)
+    rec = R.run_canary(repo, apply=True)
     assert rec["decision"] == "promote"
     assert git(repo, "log", "-1", "--format=%s").strip() == f"canary {Y}: promote (all traffic)"
     assert C.promoted(repo, R.read_pointer(repo))
     refused(repo, lambda: R.rollback(repo, canary=True), "not_a_rollback")
+
+
+# ---------------------------------------------------------------- the canary watched by `clap serve`, over HTTP
+
+
+class _StubChain:
+    """Answers every question at once; a seeded share of its answers fail the reference-free checks."""
+
+    def __init__(self, fail: float, seed: int):
+        import random
+
+        from clap.task.scoring import scoring_params
+
+        self.rng, self.fail = random.Random(seed), fail
+        self.schema = scoring_params(ROOT / "params.yaml").answer
+        self.index, self.p = None, type("P", (), {"top_k": 1})()
+
+    def answer(self, questions, rag, batch_size):
+        from types import SimpleNamespace as NS
+
+        ok = self.rng.random() >= self.fail
+        quote = "the value was 85.0 on line L3"
+        value = "85.0" if self.schema.value_is_text else 85.0
+        fields = {self.schema.evidence: quote if ok else "not in the context", self.schema.value: value}
+        parsed = NS(ok=True, fields=fields, error=None)
+        return [NS(parsed=parsed, context=quote, latency_ms=1.0, valid=True, generation=NS(text="{}"),
+                   retrieved=NS(doc_ids=["d1"], retrieval_ms=0.0))]  # fmt: skip
+
+
+def _watched_canary(repo, fail_canary: float, fail_incumbent: float, max_requests: int = 400) -> dict:
+    """X released, Y released as a canary; `clap serve`'s app over real HTTP with the watcher on
+    (params serve.canary.watch_every: 1): requests until the watcher has acted. What it saw."""
+    import httpx
+
+    from clap.chain.serve import CanaryRoute, Served, ServeParams, create_app, serving, watcher_of
+    from clap.release import canary as C
+    from clap.task.scoring import scoring_params
+
+    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    repro(repo)
+    set_decision(repo, Y, "canary")
+    R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["serve"] = yaml.safe_load((ROOT / "params.yaml").read_text())["serve"]
+    assert params["serve"]["canary"]["watch_every"] == 1  # the project's own setting
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "logs/\n")
+    commit_all(repo, "serve params")
+    sp = ServeParams(**{**params["serve"], "canary": C.CanaryParams(**params["serve"]["canary"])})
+    pointer = R.read_pointer(repo)
+    canary = Served(
+        "adapter", Y, Y, pointer["adapter_sha256"], "b", "canary", pointer["approval_id"], "canary"
+    )
+    incumbent = Served("adapter", X, Y, adapter_sha(repo, X), "b", "promote", None, "incumbent")
+    watcher = watcher_of(repo)
+    route = CanaryRoute(
+        _StubChain(fail_incumbent, 1),
+        incumbent,
+        sp.canary,
+        C.RequestLog(repo / sp.canary.log, pointer["adapter_sha256"]),
+        scoring_params(ROOT / "params.yaml"),
+        watcher,
+    )
+    answered = []
+    with (
+        serving(create_app(_StubChain(fail_canary, 2), canary, sp, route)) as url,
+        httpx.Client(base_url=url) as client,
+    ):
+        for _ in range(max_requests):
+            answered.append(client.post("/answer", json={"question": "OEE on L3?"}).json())
+            if watcher.decision is not None:
+                break
+        assert watcher.done.wait(60), "the watcher did not act"
+        after = client.post("/answer", json={"question": "OEE on L3?"}).json()
+        health = client.get("/health").json()["canary"]["watcher"]
+    assert watcher.error is None, watcher.error
+    return {"watcher": watcher, "answered": answered, "after": after, "health": health}
+
+
+def test_serve_rolls_a_worse_canary_back_with_no_command(repo):
+    first = read_jsonl(repo / "releases" / "history.jsonl")
+    seen = _watched_canary(repo, fail_canary=0.6, fail_incumbent=0.1)
+    rec = seen["watcher"].record
+    assert rec["decision"] == "rollback" and rec["actor"] == "clap serve" and rec["harm_e_value"] >= 20
+    history = read_jsonl(repo / "releases" / "history.jsonl")
+    assert not first and R.read_pointer(repo) == history[0]["pointer"]  # back on X
+    event = history[-1]
+    assert (event["event"], event["from_batch"], event["to_batch"], event["canary_actor"]) == (
+        "rollback", Y, X, "clap serve",
+    )  # fmt: skip
+    assert (
+        event["harm_e_value"] == rec["harm_e_value"]
+        and event["canary_decided_at_request"] == rec["decided_at_request"]
+    )
+    assert (seen["after"]["arm"], seen["after"]["batch"]) == ("production", X)
+    assert (
+        seen["health"]["decision"] == "rollback"
+        and seen["health"]["applied"] == seen["watcher"].applied["release_commit"]
+    )
+    assert git(repo, "status", "--porcelain") == ""
+    assert check_registry(repo, emit=lambda _line: None) == 3
+
+
+def test_serve_promotes_a_better_canary_with_no_command(repo):
+    from clap.release import canary as C
+
+    seen = _watched_canary(repo, fail_canary=0.02, fail_incumbent=0.4)
+    rec = seen["watcher"].record
+    assert rec["decision"] == "promote" and rec["non_inferiority_e_value"] >= 20
+    assert git(repo, "log", "-1", "--format=%s").strip() == f"canary {Y}: promote (all traffic)"
+    event = read_jsonl(repo / "releases" / "history.jsonl")[-1]
+    assert (event["event"], event["decision"], event["canary_actor"]) == ("canary", "promote", "clap serve")
+    assert event["non_inferiority_e_value"] == rec["non_inferiority_e_value"]
+    assert C.promoted(repo, R.read_pointer(repo)) and R.read_pointer(repo)["batch"] == Y
+    assert (seen["after"]["arm"], seen["after"]["batch"]) == ("production", Y)
+    assert git(repo, "status", "--porcelain") == ""
+    lines: list[str] = []
+    assert check_registry(repo, emit=lines.append) == 3
+    assert any(f"canary {Y}: promote by clap serve" in line for line in lines)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import jwt
 import pytest
+import yaml
 
 from clap import cli, io
 from clap.chain.serve import ServeParams, resolve_release
@@ -37,7 +38,7 @@ from .release_fixtures import approve as approve_batch
 
 X, Y = BATCHES
 NO_CANARY = CanaryParams(
-    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100
+    fraction=0.0, seed=0, log="logs/canary.jsonl", alpha=0.05, max_ratio=1.5, max_requests=100, watch_every=0
 )
 SP = ServeParams(host="127.0.0.1", port=0, unreleased="refuse", max_question_chars=200, canary=NO_CANARY)
 
@@ -151,13 +152,14 @@ def test_pointer_switched_to_another_batch_is_refused(repo):
     assert_refused_by_all(repo, "adapter_sha256: approved")
 
 
-def test_earlier_release_restored_by_hand_is_refused(repo):
-    """X's pointer was approved once, but Y replaced it: only `clap rollback` may bring X back."""
+def test_rolled_back_release_restored_by_hand_is_refused(repo):
+    """Y was rolled back (a rollback event): putting its pointer back by hand needs fresh approvals."""
     release_both(repo)
-    first = R.read_history(repo)[0]["pointer"]
-    io.write_json(repo / "releases" / "production.json", first)
+    second = R.read_history(repo)[1]["pointer"]
+    R.rollback(repo)
+    io.write_json(repo / "releases" / "production.json", second)
     for read in _readers(repo).values():
-        with pytest.raises(ClapError, match="not the (one|release) in effect"):
+        with pytest.raises(ClapError, match="not in effect .*rolled back.*fresh approvals"):
             read()
 
 
@@ -286,11 +288,126 @@ def test_hand_edited_pointer_committed_then_restored_is_refused(repo, capsys):
     assert forged[:12] in capsys.readouterr().err
 
 
-def test_reverted_release_commit_is_refused(repo):
-    """`git revert` of a release drops its history and ledger rows: the ledger is what makes a token single-use."""
+def test_reverted_ledger_commit_is_refused(repo):
+    """A revert of a release's ledger commit drops its history and ledger rows (the ledger is what makes a
+    token single-use): refused, naming the pointer commit to revert instead."""
     R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    assert git(repo, "log", "-1", "--format=%s", "HEAD~1").startswith(f"release {X}: ledger (approval ")
+    git(repo, "revert", "--no-edit", "HEAD~1")
+    with pytest.raises(
+        ClapError, match=f"commit {_head(repo)[:12]} .*append-only.*revert.*pointer commit"
+    ) as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "rewritten_history"
+
+
+# ---------------------------------------------------------------- `git revert` of a pointer commit is a rollback
+
+
+def _rows(repo) -> dict[str, list]:
+    return {
+        n: R._read_jsonl(repo / "releases" / n)
+        for n in ("history.jsonl", "approvals_used.jsonl", "trust.jsonl")
+    }
+
+
+def _pointer_commit(repo, batch: str) -> str:
+    """The commit of `clap release` that changed releases/production.json alone."""
+    for line in git(repo, "log", "--format=%H %s", "--", "releases/production.json").splitlines():
+        sha, subject = line.split(" ", 1)
+        if subject.startswith(f"release {batch}: "):
+            changed = git(repo, "show", "--format=", "--name-only", sha).split()
+            assert changed == ["releases/production.json"], changed
+            return sha
+    raise AssertionError(f"no pointer commit of {batch}")
+
+
+def test_git_revert_of_a_release_is_a_rollback(repo, capsys):
+    """X, then Y; `git revert` of Y's pointer commit: production is X for every reader, no row is lost and
+    Y's approval stays spent."""
+    t1, t2 = release_both(repo)
+    rows = _rows(repo)
+    git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
+    assert R.read_pointer(repo) == R.read_history(repo)[0]["pointer"]
+    assert _rows(repo) == rows  # history, ledger and trust log untouched
+    assert_accepted_by_all(repo, X)
+    assert cli.main(["registry-check", "--root", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert f"{_head(repo)[:12]} pointer: rollback {Y} -> {X} by reverting the pointer commit" in out
+    assert out.splitlines()[-1].startswith(f"production: batch {X}")
+    for batch, token in ((Y, t2), (X, t1)):  # neither approval can be used again
+        with pytest.raises(ClapError, match="already used") as err:
+            R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
+        assert err.value.rule == "replayed_token"
+
+
+def test_reverting_each_release_in_order_reaches_the_base_only_by_policy(repo):
+    """Y's pointer commit reverted, then X's: nothing released, accepted only under release.rollback_to_base."""
+    release_both(repo)
+    git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
+    git(repo, "revert", "--no-edit", _pointer_commit(repo, X))
+    assert R.read_pointer(repo)["batch"] is None
+    with pytest.raises(ClapError, match="rollback_to_base is true") as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "not_in_effect"
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["release"]["rollback_to_base"] = True
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit_all(repo, "release.rollback_to_base: true")
+    lines: list[str] = []
+    assert check_registry(repo, emit=lines.append) == 2
+    assert any(f"pointer: rollback {X} -> base by reverting" in line for line in lines)
+    assert lines[-1].startswith("production: nothing released")
+
+
+def test_clap_rollback_after_a_git_revert_records_it_first(repo):
+    """Y reverted in git, then `clap rollback` from X (to the base model by policy): both in the history."""
+    release_both(repo)
+    git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["release"]["rollback_to_base"] = True
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    commit_all(repo, "release.rollback_to_base: true")
+    R.rollback(repo)
+    history = R.read_history(repo)
+    assert [(e["event"], e.get("from_batch"), e.get("to_batch"), e.get("reason")) for e in history[2:]] == [
+        ("rollback", Y, X, "git revert"),
+        ("rollback", X, None, "manual"),
+    ]
+    assert R.read_pointer(repo)["batch"] is None
+    assert check_registry(repo, emit=lambda line: None) == 4
+
+
+def test_revert_of_a_revert_needs_fresh_approvals(repo):
+    """Reverting the rollback brings Y back on its spent approval: refused; a fresh approval releases it."""
+    release_both(repo)
+    git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
     git(repo, "revert", "--no-edit", "HEAD")
-    with pytest.raises(ClapError, match=f"commit {_head(repo)[:12]} .*append-only") as err:
+    with pytest.raises(
+        ClapError, match=f"commit {_head(repo)[:12]} .*brings back batch {Y} .*fresh approvals"
+    ) as err:
+        check_registry(repo, emit=lambda line: None)
+    assert err.value.rule == "rolled_back_release"
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    repro(repo)  # production changed: re-evaluate against X
+    event = R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    history = R.read_history(repo)
+    assert [e["event"] for e in history] == ["release", "release", "rollback", "release"]
+    assert history[2]["reason"] == "git revert" and (history[2]["from_batch"], history[2]["to_batch"]) == (
+        Y,
+        X,
+    )
+    assert event["previous_batch"] == X
+    assert_accepted_by_all(repo, Y)
+
+
+def test_revert_of_a_clap_rollback_needs_fresh_approvals(repo):
+    release_both(repo)
+    R.rollback(repo)
+    git(repo, "revert", "--no-edit", "HEAD")
+    with pytest.raises(
+        ClapError, match=f"rollback {Y} -> {X}: reverting a rollback is refused.*fresh approvals"
+    ) as err:
         check_registry(repo, emit=lambda line: None)
     assert err.value.rule == "rewritten_history"
 
@@ -472,7 +589,8 @@ def test_release_whose_signature_signs_other_bytes_is_refused(repo):
     history = R.read_history(repo)
     history[-1]["model_signature"] = record
     io.write_jsonl(repo / "releases" / "history.jsonl", history)
-    git(repo, "commit", "-q", "-a", "--amend", "--no-edit")
+    git(repo, "reset", "-q", "--soft", "HEAD~2")  # ledger and pointer commits rewritten as one
+    git(repo, "commit", "-q", "-a", "-m", f"release {X}")
     with pytest.raises(ClapError, match="does not sign the approved bytes: adapter_model.safetensors") as err:
         check_registry(repo, emit=lambda line: None)
     assert err.value.rule == "bad_model_signature" and _head(repo)[:12] in str(err.value)
