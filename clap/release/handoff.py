@@ -164,14 +164,27 @@ def model_card(root: Path, binding: Binding, datasets: dict[str, str], p: CardPa
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
     gate = io.read_json(Path(root) / "metrics" / "gate" / f"{b}.json")
-    body = _card_body(binding, base, p, load_answer_schema(Path(root) / "params.yaml"), gate)
+    lora = stage_record(root, "train", b)
+    body = _card_body(binding, base, lora, p, load_answer_schema(Path(root) / "params.yaml"), gate)
     return f"---\n{front}---\n\n{body}"
 
 
+PROMPT_FORMATS = {
+    "tokenizer": "the base tokenizer's own chat template",
+    "params": "params `base.plain_chat_template` (the base tokenizer has no chat template)",
+}
+
+
 def _card_body(
-    binding: Binding, base: dict[str, Any], p: CardParams, answer: AnswerSchema, gate: dict[str, Any]
+    binding: Binding,
+    base: dict[str, Any],
+    lora: dict[str, Any],
+    p: CardParams,
+    answer: AnswerSchema,
+    gate: dict[str, Any],
 ) -> str:
     b = binding.batch
+    prompt = PROMPT_FORMATS.get(str(base.get("chat_template")), "not recorded by the base stage")
     scenario = (
         "certified (`certification/record.json`)"
         if gate.get("certified")
@@ -185,7 +198,10 @@ evaluated by the clap pipeline on data batch `{b}`.
 
 - Gate decision: **{binding.decision}** (see `reports/gate/{b}/report.md`); scenario {scenario}
 - Adapter (`adapter_model.safetensors`) sha256: `{binding.adapter_sha256}`
-- Base weights sha256: `{base.get("weights_sha256", "?")}`
+- Base weights sha256: `{base.get("weights_sha256", "?")}`; architecture `{base.get("architecture", "?")}`
+- Prompt format: {prompt} (sha256 `{base.get("chat_template_sha256", "?")}`)
+- LoRA on `{lora.get("lora_targets", "?")}` ({lora.get("lora_layers", "?")} layers, \
+{lora.get("trainable_params", "?")} trainable parameters, read from the trained model)
 - Per-item eval record sha256: `{binding.eval_sha256}`; evidence bundle sha256: `{binding.evidence_sha256}`
 
 ## Use

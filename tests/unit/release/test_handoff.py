@@ -68,7 +68,13 @@ def root(tmp_path):
     io.write_metrics_and_record(
         tmp_path / "metrics" / "base.json",
         None,
-        {"source": "HuggingFaceTB/SmolLM2-135M-Instruct", "weights_sha256": "e" * 64},
+        {
+            "source": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "weights_sha256": "e" * 64,
+            "architecture": "llama",
+            "chat_template": "params",
+            "chat_template_sha256": "d" * 64,
+        },
     )
     io.write_metrics_and_record(
         tmp_path / "metrics" / "eval" / f"{B}.json",
@@ -78,7 +84,14 @@ def root(tmp_path):
     io.write_metrics_and_record(
         tmp_path / "metrics" / "train" / f"{B}.json",
         None,
-        {"wall_s": 1800.0, "device": "cpu", "health": "ok"},
+        {
+            "wall_s": 1800.0,
+            "device": "cpu",
+            "health": "ok",
+            "lora_targets": "down_proj,gate_up_proj,o_proj,qkv_proj",
+            "lora_layers": 8,
+            "trainable_params": 1234,
+        },
     )
     io.write_metrics_and_record(
         tmp_path / "metrics" / "gate" / f"{B}.json",
@@ -117,6 +130,9 @@ def test_valid_handoff_has_no_problems_and_writes_three_files(root):
     }  # numbers only, strings left out
     assert any(ds.startswith(f"clap/{B}/sft@sha256:") for ds in meta["datasets"])
     assert "scenario **UNCERTIFIED**: positive control x did not learn" in h.card  # the card says it
+    # what the base prompts with and what the adapter adapts, as the base and train stages recorded them
+    assert "Prompt format: params `base.plain_chat_template`" in h.card and "d" * 64 in h.card
+    assert "LoRA on `down_proj,gate_up_proj,o_proj,qkv_proj` (8 layers, 1234 trainable parameters" in h.card
 
 
 @pytest.mark.parametrize("key", ["base_model", "datasets", "library_name", "license", "tags", "model-index"])
