@@ -91,11 +91,11 @@ def _keygen_args(p: argparse.ArgumentParser) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release import keys
     from clap.release.approval import key_sha256, load_private_key
     from clap.release.trust import DEFAULT_ROOT_FILE, ROOT_ENV
 
-    priv, pub = release.keygen(Path.cwd(), args.name, args.out)
+    priv, pub = keys.keygen(Path.cwd(), args.name, args.out)
     fingerprint = key_sha256(load_private_key(priv).public_key())
     print(
         f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub} (commit it)\n"
@@ -122,9 +122,9 @@ def _signing_keygen_args(p: argparse.ArgumentParser) -> None:
 
 
 def _signing_keygen(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release import keys
 
-    priv, pub = release.signing_keygen(Path.cwd(), args.name, args.out)
+    priv, pub = keys.signing_keygen(Path.cwd(), args.name, args.out)
     print(
         f"private key: {priv} (EC P-256, mode 0600; never commit it: pass it to `clap release --signing-key`)\n"
         f"public key:  {pub} (each release commits a copy next to its signature)"
@@ -142,12 +142,10 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
 
 
 def _trust(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release import keys, records
 
     root = Path.cwd()
-    event = release.change_trust(
-        root, args.action, args.name, args.key, release.load_params(root), args.reason
-    )
+    event = keys.change_trust(root, args.action, args.name, args.key, records.load_params(root), args.reason)
     signed = ", ".join(event["signers"])
     state = (
         f"pending in releases/trust_pending.json: {event['missing']} more signature(s) of keys in force needed"
@@ -170,11 +168,11 @@ def _approve_args(p: argparse.ArgumentParser) -> None:
 def _approve(args: argparse.Namespace) -> int:
     import time
 
-    from clap.release import control as release
+    from clap.release import control, records
 
     root = Path.cwd()
     print(
-        release.approve(root, args.batch, args.key, args.ttl, release.load_params(root), now=int(time.time()))
+        control.approve(root, args.batch, args.key, args.ttl, records.load_params(root), now=int(time.time()))
     )
     return 0
 
@@ -215,15 +213,15 @@ def _scenario_now(root: Path) -> dict | None:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release import control, records
 
     root = Path.cwd()
     tokens = [sys.stdin.read() if t == "-" else t for t in args.token]
-    event = release.release(
+    event = control.release(
         root,
         args.batch,
         tokens,
-        release.load_params(root),
+        records.load_params(root),
         signing_key=args.signing_key,
         uncertified=args.uncertified,
         scenario=_scenario_now(root),
@@ -252,9 +250,9 @@ def _rollback_args(p: argparse.ArgumentParser) -> None:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release.rollback import rollback
 
-    event = release.rollback(Path.cwd(), args.batch)
+    event = rollback(Path.cwd(), args.batch)
     why = (
         f" on the gate decision of {event['gate_batch']} ({event['reason']})" if "gate_batch" in event else ""
     )
@@ -288,10 +286,10 @@ def _handoff_args(p: argparse.ArgumentParser) -> None:
 
 
 def _handoff(args: argparse.Namespace) -> int:
-    from clap.release import control as release
+    from clap.release import control, records
 
     root = Path.cwd()
-    problems = release.handoff(root, args.batch, args.out, release.load_params(root))
+    problems = control.handoff(root, args.batch, args.out, records.load_params(root))
     for problem in problems:
         print(f"invalid: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -319,9 +317,9 @@ def _canary_args(p: argparse.ArgumentParser) -> None:
 
 
 def _canary(args: argparse.Namespace) -> int:
-    from clap.release import canary, control
+    from clap.release import canary, canary_action
 
-    rec = control.run_canary(Path.cwd(), args.apply)
+    rec = canary_action.run_canary(Path.cwd(), args.apply)
     json_path, md_path = canary.report_paths(rec["batch"])
     print(canary.render(rec), end="")
     print(f"written: {json_path}, {md_path}")
@@ -515,7 +513,8 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     from clap import params
-    from clap.release.verify import VerifyParams, render_table, verify
+    from clap.release.compare import VerifyParams
+    from clap.release.verify import render_table, verify
 
     result = verify(
         Path.cwd(),
@@ -535,8 +534,8 @@ def _pr_check_args(p: argparse.ArgumentParser) -> None:
 
 def _pr_check(args: argparse.Namespace) -> int:
     from clap import params
+    from clap.release.compare import VerifyParams
     from clap.release.prcheck import pr_check, render, write_markdown
-    from clap.release.verify import VerifyParams
 
     result = pr_check(Path.cwd(), params.section("verify", VerifyParams), args.base)
     print(render(result))

@@ -10,7 +10,7 @@ quote). A request *fails* when any check fails.
 
 ``clap serve`` watches its own log: after every ``serve.canary.watch_every``-th logged request it
 runs the test below on the log so far and acts on a decision itself, through release control
-(:func:`clap.release.control.act_on_canary`: a rollback through ``clap rollback``'s path, a
+(:func:`clap.release.canary_action.act_on_canary`: a rollback through ``clap rollback``'s path, a
 promotion committed with its analysis), with no one running a command; ``clap canary`` runs the
 same test by hand. This module only analyses (it imports no release control).
 

@@ -4,10 +4,10 @@ The PR workflow (``.github/workflows/pr.yml``) runs ``dvc repro`` on the pull re
 then this. Raw bytes cannot decide: every re-run stage rewrites its timings (and their hashes land
 in ``dvc.lock``), so ``git diff --exit-code`` fails on any runner. This compares by meaning,
 with ``clap verify``'s classification (params ``verify``: ``decision_keys``, ``timing_keys``,
-``provenance_keys``, ``environment_keys``, ``timing_files``; :mod:`clap.release.verify`):
+``provenance_keys``, ``environment_keys``, ``timing_files``; :mod:`clap.release.compare`):
 
 1. ``metrics/`` and ``records/``: every file in git at ``REV`` (default ``HEAD``) against the
-   working tree, leaf by leaf (:func:`clap.release.verify.compare_file`). A new or missing file,
+   working tree, leaf by leaf (:func:`clap.release.compare.compare_file`). A new or missing file,
    a decision, a hash, a count or any other value that differs fails; timing, provenance and
    environment keys are reported as informational.
 2. ``dvc.lock``, stage by stage, never its bytes:
@@ -45,6 +45,7 @@ import yaml
 
 from clap import io, vcs
 from clap.errors import ClapError
+from clap.release import compare
 from clap.release import verify as vf
 
 COMPARED_FOLDERS = ("metrics", "records")
@@ -56,11 +57,11 @@ class PrCheckResult:
     """The committed revision, every compared row and the wall time."""
 
     base: str
-    rows: list[vf.Row]
+    rows: list[compare.Row]
     wall_s: float
 
     @property
-    def failures(self) -> list[vf.Row]:
+    def failures(self) -> list[compare.Row]:
         """The rows that fail, by ``clap verify``'s rule (:attr:`VerifyResult.failures`)."""
         return vf.VerifyResult(self.base, [], self.rows, self.wall_s).failures
 
@@ -123,7 +124,7 @@ def cache_object(cache: Path, md5: str) -> Path | None:
 
 
 # --- the comparison -----------------------------------------------------------------------
-def _is_timing(rel: str, vp: vf.VerifyParams) -> bool:
+def _is_timing(rel: str, vp: compare.VerifyParams) -> bool:
     return any(fnmatch.fnmatchcase(rel, g) for g in vp.timing_files)
 
 
@@ -131,21 +132,21 @@ def _tolerance(committed_root: Path, rel: str) -> float | None:
     """A CUDA adapter's weight tolerance from the committed training metrics and record."""
     parts = Path(rel).parts
     if len(parts) >= 3 and parts[:2] == ("models", "adapters"):
-        return vf.adapter_tolerance(committed_root, parts[2])
+        return compare.adapter_tolerance(committed_root, parts[2])
     return None
 
 
 def compare_folders(
-    committed_root: Path, names: Sequence[str], root: Path, folders: Sequence[str], vp: vf.VerifyParams
-) -> list[vf.Row]:
+    committed_root: Path, names: Sequence[str], root: Path, folders: Sequence[str], vp: compare.VerifyParams
+) -> list[compare.Row]:
     """Rows for every committed (``names`` under ``committed_root``) or present file of ``folders``."""
     committed = {n: committed_root / n for n in names}
     now: dict[str, Path] = {}
     for folder in folders:
-        now.update(vf.files_under(root, folder))
+        now.update(compare.files_under(root, folder))
     rows = []
     for rel in sorted(set(committed) | set(now)):
-        rows += vf.compare_file(rel, committed.get(rel), now.get(rel), vp, None)
+        rows += compare.compare_file(rel, committed.get(rel), now.get(rel), vp, None)
     return rows
 
 
@@ -163,8 +164,8 @@ def _dir_listing(obj: Path | None) -> dict[str, str] | None:
     return {e["relpath"]: e["md5"] for e in json.loads(obj.read_text(encoding="utf-8"))}
 
 
-def _row(artifact: str, kind: str, a: Any, b: Any, status: str) -> vf.Row:
-    return vf.Row(artifact, kind, vf._show(a), vf._show(b), status)
+def _row(artifact: str, kind: str, a: Any, b: Any, status: str) -> compare.Row:
+    return compare.Row(artifact, kind, compare._show(a), compare._show(b), status)
 
 
 def _compare_out(
@@ -175,28 +176,28 @@ def _compare_out(
     committed_root: Path,
     in_git: set[str],
     cache: Path,
-    vp: vf.VerifyParams,
-) -> list[vf.Row]:
+    vp: compare.VerifyParams,
+) -> list[compare.Row]:
     """Rows for one locked out whose hash differs (see the module docstring)."""
     tolerance = _tolerance(committed_root, rel)
     if old is None or new is None:
-        return [_row(f"dvc.lock:{rel}", "hash", old or "<missing>", new or "<missing>", vf.FAILING)]
+        return [_row(f"dvc.lock:{rel}", "hash", old or "<missing>", new or "<missing>", compare.FAILING)]
     if _is_timing(rel, vp):
         return [_row(f"dvc.lock:{rel}", "timing", old[:12], new[:12], "expected")]
     git_files = sorted(n for n in in_git if n == rel or n.startswith(rel.rstrip("/") + "/"))
     if git_files:  # a cache: false out, committed in git
-        now = vf.files_under(root, rel)
+        now = compare.files_under(root, rel)
         return [
             r
             for key in sorted(set(git_files) | set(now))
-            for r in vf.compare_file(
+            for r in compare.compare_file(
                 key, committed_root / key if key in git_files else None, now.get(key), vp, tolerance
             )
         ]
     if old.endswith(".dir"):
         before, after = _dir_listing(cache_object(cache, old)), _dir_listing(cache_object(cache, new))
         if after is None:  # the working tree is the reproduced side
-            after = {k[len(rel) + 1 :]: "" for k in vf.files_under(root, rel)}
+            after = {k[len(rel) + 1 :]: "" for k in compare.files_under(root, rel)}
         if before is None:
             return [_row(f"dvc.lock:{rel}", "hash", old[:12], new[:12], UNVERIFIED)]
         rows = []
@@ -209,17 +210,17 @@ def _compare_out(
                 rows.append(_row(key, "hash", before[name][:12], "", UNVERIFIED))
                 continue
             present = root / key
-            rows += vf.compare_file(key, obj, present if present.is_file() else None, vp, tolerance)
+            rows += compare.compare_file(key, obj, present if present.is_file() else None, vp, tolerance)
         return rows
     obj = cache_object(cache, old)
     if obj is None:
         return [_row(f"dvc.lock:{rel}", "hash", old[:12], new[:12], UNVERIFIED)]
     present = root / rel
-    return vf.compare_file(rel, obj, present if present.is_file() else None, vp, tolerance)
+    return compare.compare_file(rel, obj, present if present.is_file() else None, vp, tolerance)
 
 
 def _flat(obj: Any) -> dict[str, Any]:
-    return dict(vf.flatten(obj)) if obj else {}
+    return dict(compare.flatten(obj)) if obj else {}
 
 
 def _produced(path: str, produced: set[str]) -> bool:
@@ -238,13 +239,13 @@ def compare_locks(
     root: Path,
     committed_root: Path,
     in_git: set[str],
-    vp: vf.VerifyParams,
+    vp: compare.VerifyParams,
     cache: Path | None = None,
-) -> list[vf.Row]:
+) -> list[compare.Row]:
     """Rows for two ``dvc.lock`` stage maps (see the module docstring for what is compared)."""
     cache = cache if cache is not None else cache_dir(root)
     produced = {o["path"] for lock in (old, new) for s in lock.values() for o in s.get("outs", [])}
-    rows: list[vf.Row] = []
+    rows: list[compare.Row] = []
     for stage in sorted(set(old) | set(new)):
         if stage not in old or stage not in new:
             rows.append(
@@ -253,7 +254,7 @@ def compare_locks(
                     "value",
                     "present" if stage in old else "<missing>",
                     "present" if stage in new else "<missing>",
-                    vf.FAILING,
+                    compare.FAILING,
                 )
             )
             continue
@@ -268,7 +269,7 @@ def compare_locks(
                     continue  # the producing stages' outs are compared
                 x, y = va.get(key, "<missing>"), vb.get(key, "<missing>")
                 if x != y:
-                    rows.append(_row(f"dvc.lock:{stage}:{part}:{key}", kind, x, y, vf.FAILING))
+                    rows.append(_row(f"dvc.lock:{stage}:{part}:{key}", kind, x, y, compare.FAILING))
         outs_a, outs_b = _by_path(a.get("outs")), _by_path(b.get("outs"))
         for rel in sorted(set(outs_a) | set(outs_b)):
             if rel.split("/", 1)[0] in COMPARED_FOLDERS and rel in outs_a and rel in outs_b:
@@ -281,7 +282,7 @@ def compare_locks(
     return rows
 
 
-def pr_check(root: Path | str, vp: vf.VerifyParams, base: str = "HEAD") -> PrCheckResult:
+def pr_check(root: Path | str, vp: compare.VerifyParams, base: str = "HEAD") -> PrCheckResult:
     """Compare ``metrics/``, ``records/`` and ``dvc.lock`` at ``base`` with the working tree.
 
     Args:
@@ -336,7 +337,7 @@ def _where(artifact: str) -> tuple[str, str, str]:
     return "-", "-", artifact
 
 
-def decision_diff(rows: Sequence[vf.Row]) -> list[str]:
+def decision_diff(rows: Sequence[compare.Row]) -> list[str]:
     """One line per failing row, decisions first: ``batch  stage  kind  key: committed -> now``."""
     order = {"decision": 0, "value": 1, "hash": 2}
     lines = []
@@ -346,7 +347,7 @@ def decision_diff(rows: Sequence[vf.Row]) -> list[str]:
     return lines
 
 
-def _informational(rows: Sequence[vf.Row]) -> Iterator[str]:
+def _informational(rows: Sequence[compare.Row]) -> Iterator[str]:
     groups: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if r.status in ("expected", "content", "tolerance", UNVERIFIED):

@@ -20,8 +20,8 @@ from conftest import E2E_BATCH as BATCH
 from conftest import git, run_dvc
 
 from clap import cli, io, params
+from clap.release import compare
 from clap.release import prcheck as pc
-from clap.release import verify as vf
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
 
@@ -44,7 +44,11 @@ def _pr_check(repo: Path, monkeypatch, capsys) -> tuple[int, str, pc.PrCheckResu
     monkeypatch.chdir(repo)
     status = cli.main(["pr-check"])
     out = capsys.readouterr().out
-    return status, out, pc.pr_check(repo, params.section("verify", vf.VerifyParams, repo / "params.yaml"))
+    return (
+        status,
+        out,
+        pc.pr_check(repo, params.section("verify", compare.VerifyParams, repo / "params.yaml")),
+    )
 
 
 def test_fresh_rerun_of_an_unchanged_repo_passes(repo, monkeypatch, capsys):

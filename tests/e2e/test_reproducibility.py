@@ -25,6 +25,7 @@ from conftest import e2e_env, git, run_dvc
 
 from clap import cli, io, params
 from clap.errors import ClapError
+from clap.release import checkout, compare
 from clap.release import verify as vf
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
@@ -54,8 +55,8 @@ def committed(tiny_repo, tiny_run, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def vp(tiny_repo) -> vf.VerifyParams:
-    return params.section("verify", vf.VerifyParams, tiny_repo / "params.yaml")
+def vp(tiny_repo) -> compare.VerifyParams:
+    return params.section("verify", compare.VerifyParams, tiny_repo / "params.yaml")
 
 
 def test_verify_reproduces_decisions_and_hashes(tiny_repo, committed, monkeypatch, capsys):
@@ -109,7 +110,10 @@ def test_verify_without_a_remote_rebuilds_from_raw_data(
     for key in (f"metrics/gate/{BATCH}.json:decision", f"metrics/gate/{BATCH}.json:offline_decision"):
         assert (rows[key].kind, rows[key].by, rows[key].status) == ("decision", "value", "match")
     for path in (f"models/adapters/{BATCH}", f"data/assets/{BATCH}", f"data/admitted/{BATCH}", "models/base"):
-        assert (rows[path].by, rows[path].status) == (vf.BY_LOCK, "match")  # same md5 as the committed lock
+        assert (rows[path].by, rows[path].status) == (
+            compare.BY_LOCK,
+            "match",
+        )  # same md5 as the committed lock
     assert (rows[f"data/eval/{BATCH}"].kind, rows[f"data/eval/{BATCH}"].status) == ("timing", "expected")
     assert (
         rows[f"records/eval/{BATCH}.json:sha256_items"].status == "match"
@@ -161,14 +165,14 @@ def _temporaries(repo: Path) -> list[Path]:
 
 
 def _assert_no_partial_outputs(
-    repo: Path, committed_dir: Path, stage_outs: list[str], vp: vf.VerifyParams
+    repo: Path, committed_dir: Path, stage_outs: list[str], vp: compare.VerifyParams
 ) -> None:
     """Every file at a final path is absent or complete (equal to the uninterrupted run's, timings aside)."""
     for rel in stage_outs:
-        before = vf.files_under(committed_dir, rel)
-        for key, path in vf.files_under(repo, rel).items():
-            rows = vf.compare_file(key, before.get(key), path, vp, None)
-            assert not [r for r in rows if r.status == vf.FAILING], rows
+        before = compare.files_under(committed_dir, rel)
+        for key, path in compare.files_under(repo, rel).items():
+            rows = compare.compare_file(key, before.get(key), path, vp, None)
+            assert not [r for r in rows if r.status == compare.FAILING], rows
 
 
 def _dvc_bin() -> str:
@@ -193,10 +197,10 @@ def _wait_for_stage_process(proc: subprocess.Popen, timeout: float = 120.0) -> N
 
 
 def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, committed, vp, tmp_path):
-    lock = vf.read_lock(tiny_repo)
-    stages = vf.batch_stages(lock, BATCH, vp)
-    paths = [p for s in stages for p in vf.outs(lock, s)]
-    vf.snapshot(tiny_repo, paths, tmp_path / "committed")
+    lock = checkout.read_lock(tiny_repo)
+    stages = checkout.batch_stages(lock, BATCH, vp)
+    paths = [p for s in stages for p in checkout.outs(lock, s)]
+    checkout.snapshot(tiny_repo, paths, tmp_path / "committed")
     shutil.rmtree(tiny_repo / "checkpoints" / BATCH)  # train from scratch, so it is killed mid-training
     for stage, rel in KILLS:
         killed = run_dvc(
@@ -212,7 +216,9 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
         assert list(target.parent.glob(f".{target.name}.*.tmp")), (
             f"{stage} was not killed mid-write:\n{killed.stderr[-2000:]}"
         )
-        _assert_no_partial_outputs(tiny_repo, tmp_path / "committed", vf.outs(lock, f"{stage}@{BATCH}"), vp)
+        _assert_no_partial_outputs(
+            tiny_repo, tmp_path / "committed", checkout.outs(lock, f"{stage}@{BATCH}"), vp
+        )
 
     # forced, without the run-cache: the killed stages really run again (train resumes from its
     # checkpoint); a plain `dvc repro` restores their missing outputs from the local cache instead
@@ -235,7 +241,7 @@ def test_killed_stages_leave_no_partial_file_and_rerun_reproduces(tiny_repo, com
     assert concurrent.returncode != 0 and "lock" in (concurrent.stdout + concurrent.stderr).lower()
     assert rerun.returncode == 0, out[-4000:]
 
-    rows = vf.compare_outputs(tmp_path / "committed", tiny_repo, paths, BATCH, vp)
+    rows = compare.compare_outputs(tmp_path / "committed", tiny_repo, paths, BATCH, vp)
     assert vf.VerifyResult("", [BATCH], rows, 0.0).failures == []
     by_key = {r.artifact: r for r in rows}
     assert (

@@ -21,6 +21,7 @@ from conftest import E2E_BATCH as BATCH
 from conftest import git, run_dvc
 
 from clap import params
+from clap.release import checkout, compare
 from clap.release import verify as vf
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
@@ -92,9 +93,9 @@ def pushed(tiny_repo, tiny_run, s3_server, tmp_path_factory) -> Path:
 
 def _cached_outputs(repo: Path) -> list[str]:
     """The locked outputs that git does not hold (DVC-cached: data/, models/)."""
-    lock = vf.read_lock(repo)
-    every = sorted({p for stage in lock for p in vf.outs(lock, stage)})
-    return sorted(set(every) - vf.tracked_outputs(repo, every))
+    lock = checkout.read_lock(repo)
+    every = sorted({p for stage in lock for p in checkout.outs(lock, stage)})
+    return sorted(set(every) - checkout.tracked_outputs(repo, every))
 
 
 def test_push_then_pull_into_a_fresh_clone_is_byte_identical(pushed, s3_server, tmp_path):
@@ -118,7 +119,7 @@ def test_push_then_pull_into_a_fresh_clone_is_byte_identical(pushed, s3_server, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     compared = 0
     for rel in cached:
-        ours, theirs = vf.files_under(pushed, rel), vf.files_under(fresh, rel)
+        ours, theirs = compare.files_under(pushed, rel), compare.files_under(fresh, rel)
         assert ours and sorted(ours) == sorted(theirs), rel
         for key in ours:
             assert filecmp.cmp(ours[key], theirs[key], shallow=False), key
@@ -131,7 +132,7 @@ def test_push_then_pull_into_a_fresh_clone_is_byte_identical(pushed, s3_server, 
 def test_verify_pulls_from_the_s3_remote(pushed, s3_server, tmp_path):
     fresh = tmp_path / "fresh"
     git(tmp_path, "clone", "-q", str(pushed), str(fresh))  # the workspace: its default remote is S3
-    vp = params.section("verify", vf.VerifyParams, fresh / "params.yaml")
+    vp = params.section("verify", compare.VerifyParams, fresh / "params.yaml")
     lines: list[str] = []
     result = vf.verify(fresh, BATCH, dataclasses.replace(vp, stages=HEAD_STAGES), log=lines.append)
     verdict = vf.render_table(result).splitlines()[-1]

@@ -23,6 +23,7 @@ import yaml
 from conftest import E2E_BATCH, e2e_env, git, make_e2e_repo, repo_params, run_dvc, tiny_params
 
 from clap import params
+from clap.release import compare
 from clap.release import verify as vf
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # make test-heavy (CI runs it after make test)
@@ -76,7 +77,9 @@ def test_a_users_batch_is_dvc_added_run_pushed_and_verified(tmp_path):
     assert f"data/raw/{USER}.dvc" in tracked and not [f for f in tracked if f.startswith(f"data/raw/{USER}/")]
 
     # a clean checkout has the .dvc file only: verify pulls the raw batch from the remote and re-runs it
-    vp = dataclasses.replace(params.section("verify", vf.VerifyParams, repo / "params.yaml"), stages=STAGES)
+    vp = dataclasses.replace(
+        params.section("verify", compare.VerifyParams, repo / "params.yaml"), stages=STAGES
+    )
     result = vf.verify(repo, USER, vp, log=lambda line: None)
     assert result.batches == [USER] and result.failures == [], result.failures
     assert {r.artifact for r in result.rows} >= {f"data/admitted/{USER}/sft.parquet"}

@@ -23,7 +23,8 @@ import yaml
 
 from clap import io
 from clap.params import raw_section
-from clap.release.control import keygen, signing_keygen
+from clap.release.keys import keygen, signing_keygen
+from clap.release.records import load_params
 
 BATCHES = ("2026-01", "2026-02")
 ROOT = Path(__file__).resolve().parents[3]
@@ -293,7 +294,7 @@ def approve(repo: Path, batch: str, key: str = "alice") -> str:
     from clap.release import control as R
 
     return R.approve(
-        repo, batch, repo.parent / "keys" / f"{key}.key", None, R.load_params(repo), now=int(time.time())
+        repo, batch, repo.parent / "keys" / f"{key}.key", None, load_params(repo), now=int(time.time())
     )
 
 
@@ -308,10 +309,10 @@ def release_both(repo: Path) -> tuple[str, str]:
 
     first, second = BATCHES
     t1 = approve(repo, first)
-    R.release(repo, first, t1, R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, first, t1, load_params(repo), signing_key=signing_key(repo))
     repro(repo)  # production changed: eval/gate re-run against the new incumbent
     t2 = approve(repo, second)
-    R.release(repo, second, t2, R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, second, t2, load_params(repo), signing_key=signing_key(repo))
     return t1, t2
 
 

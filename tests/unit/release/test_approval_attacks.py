@@ -15,6 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from clap.errors import ClapError
 from clap.release import control as R
 from clap.release.approval import load_private_key, mint_token
+from clap.release.keys import change_trust, keygen
+from clap.release.records import current_binding, load_params, read_pointer
 
 from .release_fixtures import (
     clean_git_env,
@@ -40,7 +42,7 @@ def _key(repo):
 
 
 def _mint(repo, batch=X, *, key=None, issuer="alice", now=None, ttl=600, **override):
-    binding = dataclasses.replace(R.current_binding(repo, batch), **override)
+    binding = dataclasses.replace(current_binding(repo, batch), **override)
     return mint_token(
         key or _key(repo),
         issuer,
@@ -58,7 +60,7 @@ def _b64(obj) -> str:
 def assert_refused(repo, batch, token, rule):
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
+        R.release(repo, batch, token, load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == rule, str(err.value)
     assert snapshot(repo) == before
     return str(err.value)
@@ -66,8 +68,8 @@ def assert_refused(repo, batch, token, rule):
 
 def test_genuine_token_is_released(repo):
     """The control: the same setup the attacks start from does release."""
-    event = R.release(repo, X, _mint(repo), R.load_params(repo), signing_key=signing_key(repo))
-    assert event["event"] == "release" and R.read_pointer(repo)["batch"] == X
+    event = R.release(repo, X, _mint(repo), load_params(repo), signing_key=signing_key(repo))
+    assert event["event"] == "release" and read_pointer(repo)["batch"] == X
 
 
 def test_forged_signature(repo):
@@ -94,14 +96,14 @@ def test_algorithm_confusion(repo, alg):
 
 def test_replayed_token(repo):
     token = _mint(repo)
-    R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
     assert "already used" in assert_refused(repo, X, token, "replayed_token")
 
 
 def test_replay_after_a_plain_git_revert_of_the_release(repo):
     """`git revert` of a release commit drops its ledger line; the commit log still names the approval."""
     token = _mint(repo)
-    R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
     git(repo, "revert", "--no-edit", "HEAD")
     assert_refused(repo, X, token, "replayed_token")
 
@@ -119,7 +121,7 @@ def test_other_audience(repo):
     claims_token = mint_token(
         _key(repo),
         "alice",
-        R.current_binding(repo, X),
+        current_binding(repo, X),
         audience="another-service",
         ttl_s=600,
         now=int(time.time()),
@@ -185,18 +187,18 @@ def test_one_committer_cannot_make_a_key_of_their_own_count(repo):
     from clap.release import trust
     from clap.release.registry import check_registry
 
-    R.keygen(repo, "mallory", repo.parent / "keys")
+    keygen(repo, "mallory", repo.parent / "keys")
     git(repo, "add", "releases/trusted_keys/mallory.pub")
     git(repo, "commit", "-q", "-m", "add mallory's key")
     mallory = load_private_key(repo.parent / "keys" / "mallory.key")
     with pytest.raises(ClapError) as err:
         R.approve(
-            repo, X, repo.parent / "keys" / "mallory.key", None, R.load_params(repo), now=int(time.time())
+            repo, X, repo.parent / "keys" / "mallory.key", None, load_params(repo), now=int(time.time())
         )
     assert err.value.rule == "untrusted_key"
     assert_refused(repo, X, _mint(repo, key=mallory, issuer="mallory"), "bad_signature")
     with pytest.raises(ClapError) as err:  # signing the change herself: she is no key in force
-        R.change_trust(repo, "add", "mallory", repo.parent / "keys" / "mallory.key", R.load_params(repo))
+        change_trust(repo, "add", "mallory", repo.parent / "keys" / "mallory.key", load_params(repo))
     assert err.value.rule == "untrusted_key"
     # a hand-written event with her own signature: the replay counts only signatures of keys in force
     event = {"seq": 1, "action": "add", "name": "mallory", "key_sha256": trust.key_sha256(mallory.public_key()),
@@ -226,9 +228,7 @@ def test_no_trust_root_pinned_verifies_nothing(repo, monkeypatch, tmp_path):
 def test_approve_refuses_hold_and_reject_and_says_why(repo):
     set_decision(repo, X, "reject")
     with pytest.raises(ClapError) as err:
-        R.approve(
-            repo, X, repo.parent / "keys" / "alice.key", None, R.load_params(repo), now=int(time.time())
-        )
+        R.approve(repo, X, repo.parent / "keys" / "alice.key", None, load_params(repo), now=int(time.time()))
     message = str(err.value)
     assert (
         err.value.rule == "not_releasable"
@@ -243,5 +243,5 @@ def test_approve_refuses_an_untrusted_key(repo, tmp_path):
 
     priv, _ = generate_keypair("eve", tmp_path / "k", tmp_path / "pub")
     with pytest.raises(ClapError) as err:
-        R.approve(repo, X, priv, None, R.load_params(repo), now=int(time.time()))
+        R.approve(repo, X, priv, None, load_params(repo), now=int(time.time()))
     assert err.value.rule == "untrusted_key"

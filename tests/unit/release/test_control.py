@@ -17,7 +17,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from clap import io
 from clap.errors import ClapError
 from clap.release import control as R
-from clap.release.registry import check_registry, verify_pointer
+from clap.release.canary_action import run_canary
+from clap.release.keys import keygen, signing_keygen
+from clap.release.records import load_params, read_pointer
+from clap.release.registry import check_registry, read_history, release_stack, verify_pointer
+from clap.release.rollback import BASE_POINTER, rollback
 
 from .release_fixtures import (
     BATCHES,
@@ -52,7 +56,7 @@ def test_a_bad_release_param_names_its_dotted_key(tmp_path):
     raw["release"]["approvals_required"] = 0
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(ClapError) as e:
-        R.load_params(tmp_path)
+        load_params(tmp_path)
     assert (e.value.rule, e.value.column) == ("bad_params", "release.approvals_required")
     raw["release"]["max_approval_ttl_s"] = "a day"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
@@ -77,8 +81,8 @@ def set_release_params(repo, **cost):
 
 def test_release_commits_pointer_history_ledger_and_handoff(repo):
     token = approve(repo, X)
-    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
-    pointer = R.read_pointer(repo)
+    event = R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
+    pointer = read_pointer(repo)
     assert (
         pointer == event["pointer"]
         and pointer["batch"] == X
@@ -114,16 +118,16 @@ def test_release_refuses_an_uncertified_scenario_unless_told_why(repo):
     token = approve(repo, X)
     msg = refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "uncertified_scenario",
     )
     assert "uncertified scenario (positive control x did not learn)" in msg and "--uncertified REASON" in msg
     event = R.release(
-        repo, X, token, R.load_params(repo), signing_key=signing_key(repo), uncertified="hotfix, certify next"
+        repo, X, token, load_params(repo), signing_key=signing_key(repo), uncertified="hotfix, certify next"
     )
     assert event["uncertified_override"] == "hotfix, certify next"
     assert event["uncertified_because"] == "positive control x did not learn"
-    assert R.read_history(repo)[-1]["uncertified_override"] == "hotfix, certify next"
+    assert read_history(repo)[-1]["uncertified_override"] == "hotfix, certify next"
 
 
 def model_signing_verify(repo, batch, *extra):
@@ -141,7 +145,7 @@ def model_signing_verify(repo, batch, *extra):
 
 
 def test_release_signs_the_adapter_folder_for_the_standard_verifier(repo):
-    event = R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    event = R.release(repo, X, approve(repo, X), load_params(repo), signing_key=signing_key(repo))
     record = event["model_signature"]
     assert record["signature"] == f"releases/handoff/{X}/model.sig"
     assert record["public_key"] == f"releases/handoff/{X}/model_signing.pub"
@@ -169,15 +173,15 @@ def test_release_refuses_a_signing_key_that_is_not_p256_and_keeps_the_approval(r
     approver_key = repo.parent / "keys" / "alice.key"
     assert "EC P-256" in refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=approver_key),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=approver_key),
         "bad_key",
     )
     refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=repo.parent / "keys" / "none.key"),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=repo.parent / "keys" / "none.key"),
         "missing_key",
     )
-    assert R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))["event"] == "release"
+    assert R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))["event"] == "release"
 
 
 def test_release_refuses_a_signature_that_does_not_sign_the_approved_bytes(repo, monkeypatch):
@@ -194,23 +198,23 @@ def test_release_refuses_a_signature_that_does_not_sign_the_approved_bytes(repo,
     monkeypatch.setattr(R, "sign_adapter", sign_after_a_swap)
     assert "adapter_config.json: approved" in refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "bad_model_signature",
     )
 
 
 def test_signing_keygen_writes_p256_keys_in_an_ignored_folder(repo):
     keys = repo / "keys"  # the template ignores keys/
-    priv, pub = R.signing_keygen(repo, "model-signing", keys)
+    priv, pub = signing_keygen(repo, "model-signing", keys)
     assert (priv, pub) == (keys / "model-signing.key", keys / "model-signing.pub")
     assert stat.S_IMODE(priv.stat().st_mode) == 0o600 and git(repo, "status", "--porcelain") == ""
     assert isinstance(serialization.load_pem_public_key(pub.read_bytes()), ec.EllipticCurvePublicKey)
     with pytest.raises(ClapError) as err:
-        R.signing_keygen(repo, "model-signing", keys)
+        signing_keygen(repo, "model-signing", keys)
     assert err.value.rule == "key_exists"
     (repo / ".gitignore").write_text("")  # a repository that forgot to ignore private keys
     with pytest.raises(ClapError) as err:
-        R.signing_keygen(repo, "model-signing", repo / "secrets")
+        signing_keygen(repo, "model-signing", repo / "secrets")
     assert err.value.rule == "key_not_ignored" and not (repo / "secrets").exists()
 
 
@@ -218,9 +222,9 @@ def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
     t1, t2 = release_both(repo)
     first = read_jsonl(repo / "releases" / "history.jsonl")[0]["pointer"]
     shutil.rmtree(repo / "models" / "adapters" / X)  # e.g. a clone that only checked out what served
-    event = R.rollback(repo)
+    event = rollback(repo)
     assert event["adapter_restored_by"] == "checkout"
-    assert R.read_pointer(repo) == first and adapter_sha(repo, X) == first["adapter_sha256"]
+    assert read_pointer(repo) == first and adapter_sha(repo, X) == first["adapter_sha256"]
     assert git(repo, "log", "-1", "--format=%s").strip().startswith(f"rollback {Y} -> {X}")
     assert [e["event"] for e in read_jsonl(repo / "releases" / "history.jsonl")] == [
         "release",
@@ -232,10 +236,10 @@ def test_release_release_rollback_restores_previous_pointer_and_adapter(repo):
     )  # the ledger keeps the rolled-back approval
     refused(
         repo,
-        lambda: R.release(repo, Y, t2, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, Y, t2, load_params(repo), signing_key=signing_key(repo)),
         "replayed_token",
     )
-    refused(repo, lambda: R.rollback(repo), "no_previous_release")
+    refused(repo, lambda: rollback(repo), "no_previous_release")
 
 
 def test_rollback_pulls_the_adapter_from_the_remote_when_the_cache_lacks_it(repo):
@@ -246,10 +250,10 @@ def test_rollback_pulls_the_adapter_from_the_remote_when_the_cache_lacks_it(repo
         r.push()
     shutil.rmtree(repo / ".dvc" / "cache")
     shutil.rmtree(repo / "models" / "adapters" / X)
-    event = R.rollback(repo)
+    event = rollback(repo)
     assert (
         event["adapter_restored_by"] == "pull"
-        and adapter_sha(repo, X) == R.read_pointer(repo)["adapter_sha256"]
+        and adapter_sha(repo, X) == read_pointer(repo)["adapter_sha256"]
     )
 
 
@@ -257,14 +261,14 @@ def test_rollback_refused_when_the_adapter_is_in_neither_cache_nor_remote(repo):
     release_both(repo)
     shutil.rmtree(repo / ".dvc" / "cache")
     shutil.rmtree(repo / "models" / "adapters" / X)
-    message = refused(repo, lambda: R.rollback(repo), "adapter_unavailable")
-    assert X in message and R.read_pointer(repo)["batch"] == Y
+    message = refused(repo, lambda: rollback(repo), "adapter_unavailable")
+    assert X in message and read_pointer(repo)["batch"] == Y
 
 
 def test_rollback_refused_without_a_previous_release(repo):
-    refused(repo, lambda: R.rollback(repo), "nothing_released")
-    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
-    message = refused(repo, lambda: R.rollback(repo), "no_previous_release")
+    refused(repo, lambda: rollback(repo), "nothing_released")
+    R.release(repo, X, approve(repo, X), load_params(repo), signing_key=signing_key(repo))
+    message = refused(repo, lambda: rollback(repo), "no_previous_release")
     assert "release.rollback_to_base is false" in message
 
 
@@ -309,16 +313,16 @@ def test_rollback_acts_on_the_gate_decision_of_a_batch(repo):
     release_both(repo)
     z = "2026-03"  # a new batch on which the production adapter (Y) fails
     write_gate_rollback(repo, z, adapter_sha(repo, Y), production="reject")
-    message = refused(repo, lambda: R.rollback(repo, z), "not_a_rollback")
+    message = refused(repo, lambda: rollback(repo, z), "not_a_rollback")
     assert "'reject', not 'rollback'" in message
     write_gate_rollback(repo, z, adapter_sha(repo, X))  # the gate judged another adapter than production's
-    refused(repo, lambda: R.rollback(repo, z), "stale_evaluation")
+    refused(repo, lambda: rollback(repo, z), "stale_evaluation")
     write_gate_rollback(repo, z, adapter_sha(repo, Y))
     (repo / "reports" / "gate" / z / "evidence.json").write_text("{}")
-    refused(repo, lambda: R.rollback(repo, z), "uncommitted")
+    refused(repo, lambda: rollback(repo, z), "uncommitted")
     git(repo, "checkout", "--", f"reports/gate/{z}/evidence.json")
-    event = R.rollback(repo, z)
-    assert (event["from_batch"], event["to_batch"]) == (Y, X) and R.read_pointer(repo)["batch"] == X
+    event = rollback(repo, z)
+    assert (event["from_batch"], event["to_batch"]) == (Y, X) and read_pointer(repo)["batch"] == X
     assert event["gate_batch"] == z and event["reason"] == f"gate {z}: incumbent_quality"
     assert event["gate_evidence_sha256"] == io.sha256_file(repo / "reports" / "gate" / z / "evidence.json")
     assert read_jsonl(repo / "releases" / "history.jsonl")[-1]["gate_batch"] == z
@@ -328,9 +332,9 @@ def test_rollback_acts_on_the_gate_decision_of_a_batch(repo):
 def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
     import sys
 
-    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve(repo, X), load_params(repo), signing_key=signing_key(repo))
     write_gate_rollback(repo, "2026-03", adapter_sha(repo, X))
-    message = refused(repo, lambda: R.rollback(repo, "2026-03"), "no_previous_release")
+    message = refused(repo, lambda: rollback(repo, "2026-03"), "no_previous_release")
     assert "set it to true to fall back to the base model" in message
     set_rollback_to_base(repo, True)
     done = subprocess.run(
@@ -343,8 +347,8 @@ def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
     assert done.stdout.startswith(
         f"rolled back {X} -> base model (release.rollback_to_base) on the gate decision"
     )
-    pointer = R.read_pointer(repo)
-    assert pointer["batch"] is None and pointer == R.BASE_POINTER
+    pointer = read_pointer(repo)
+    assert pointer["batch"] is None and pointer == BASE_POINTER
     event = read_jsonl(repo / "releases" / "history.jsonl")[-1]
     assert event["event"] == "rollback" and (event["from_batch"], event["to_batch"], event["to"]) == (
         X,
@@ -362,19 +366,19 @@ def test_rollback_to_base_only_when_the_policy_says_so(repo, capsys):
     lines: list[str] = []
     assert check_registry(repo, emit=lines.append) == 2
     assert any(f"rollback {X} -> base" in line for line in lines)
-    refused(repo, lambda: R.rollback(repo), "nothing_released")
+    refused(repo, lambda: rollback(repo), "nothing_released")
     # production can be released again from base: the next release replaces nothing
     repro(repo)
-    again = R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    again = R.release(repo, Y, approve(repo, Y), load_params(repo), signing_key=signing_key(repo))
     assert again["previous_batch"] is None and check_registry(repo, emit=lambda line: None) == 3
 
 
 def test_evaluation_against_an_older_incumbent_is_refused(repo):
     token_y = approve(repo, Y)  # approved while nothing was in production
-    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve(repo, X), load_params(repo), signing_key=signing_key(repo))
     message = refused(
         repo,
-        lambda: R.release(repo, Y, token_y, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, Y, token_y, load_params(repo), signing_key=signing_key(repo)),
         "stale_evaluation",
     )
     assert "dvc repro" in message
@@ -386,7 +390,7 @@ def test_uncommitted_evidence_is_refused(repo):
         f.write("\n")
     refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "uncommitted",
     )
 
@@ -407,7 +411,7 @@ def test_invalid_handoff_is_refused(repo):
     )  # same weights, no source: the card has no base_model
     assert "base_model" in refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "invalid_handoff",
     )
 
@@ -422,7 +426,7 @@ def test_changed_base_model_is_refused(repo):
     )
     assert "base_sha256" in refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "binding_mismatch",
     )
 
@@ -432,13 +436,13 @@ def test_over_budget_is_refused_or_held_by_policy(repo):
     set_release_params(repo, budget_cpu_hours=0.1)
     refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "over_budget",
     )
     set_release_params(repo, over_budget="hold")
     head = git(repo, "rev-parse", "HEAD")
-    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
-    assert event["event"] == "hold" and R.read_pointer(repo)["batch"] is None
+    event = R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
+    assert event["event"] == "hold" and read_pointer(repo)["batch"] is None
     assert "model_signature" not in event and not (repo / "releases" / "handoff" / X / "model.sig").exists()
     assert (
         git(repo, "rev-parse", "HEAD^") == head
@@ -447,7 +451,7 @@ def test_over_budget_is_refused_or_held_by_policy(repo):
     assert io.read_json(repo / "releases" / "handoff" / X / "cost.json")["status"] == "over"
     set_release_params(repo, budget_cpu_hours=2.0, over_budget="refuse")
     assert (
-        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))["event"] == "release"
+        R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))["event"] == "release"
     )  # a hold does not consume the approval
 
 
@@ -458,24 +462,24 @@ def test_a_failed_commit_changes_nothing(repo):
     hook.chmod(0o755)
     refused(
         repo,
-        lambda: R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo)),
+        lambda: R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo)),
         "git_failed",
     )
 
 
 def test_keygen_keeps_the_private_key_private(repo):
     keys = repo.parent / "keys"
-    priv, pub = R.keygen(repo, "bob", keys)
+    priv, pub = keygen(repo, "bob", keys)
     assert (
         stat.S_IMODE(priv.stat().st_mode) == 0o600 and pub == repo / "releases" / "trusted_keys" / "bob.pub"
     )
     assert b"PRIVATE" not in pub.read_bytes()
     serialization.load_pem_public_key(pub.read_bytes())
     with pytest.raises(ClapError, match="overwrite"):
-        R.keygen(repo, "bob", keys)
+        keygen(repo, "bob", keys)
     (repo / ".gitignore").write_text("")  # a repository that forgot to ignore private keys
     with pytest.raises(ClapError) as err:
-        R.keygen(repo, "carol", repo / "secrets")
+        keygen(repo, "carol", repo / "secrets")
     assert err.value.rule == "key_not_ignored" and not (repo / "secrets").exists()
 
 
@@ -495,7 +499,7 @@ def test_real_repo_tracks_only_public_keys():
 
 
 def test_real_params_release_section_loads():
-    p = R.load_params(ROOT)
+    p = load_params(ROOT)
     assert p.cost.over_budget in ("refuse", "hold") and 0 < p.approval_ttl_s <= p.max_approval_ttl_s
 
 
@@ -507,7 +511,7 @@ def test_release_stack_pushes_releases_and_pops_rollbacks():
         {"event": "rollback"},
         {"event": "release", "pointer": {"batch": "d"}},
     ]
-    assert [p["batch"] for p in R.release_stack(events)] == ["a", "d"]
+    assert [p["batch"] for p in release_stack(events)] == ["a", "d"]
 
 
 def test_cli_prints_the_token_refuses_with_exit_2_and_releases_signed(repo):
@@ -540,10 +544,10 @@ def _canary_in_production(repo, fail_canary: float, fail_incumbent: float, n: in
     from clap.release import canary as C
 
     release_X = approve(repo, X)
-    R.release(repo, X, release_X, R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, release_X, load_params(repo), signing_key=signing_key(repo))
     repro(repo)
     set_decision(repo, Y, "canary")
-    R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, Y, approve(repo, Y), load_params(repo), signing_key=signing_key(repo))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["serve"] = yaml.safe_load((ROOT / "params.yaml").read_text())["serve"]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -562,11 +566,11 @@ def test_a_canary_breach_rolls_back_through_the_signed_path_with_its_analysis(re
 
     _canary_in_production(repo, fail_canary=0.5, fail_incumbent=0.1)
     first = read_jsonl(repo / "releases" / "history.jsonl")[0]["pointer"]
-    refused(repo, lambda: R.rollback(repo, canary=True), "no_canary_analysis")
-    rec = R.run_canary(repo, apply=True)
+    refused(repo, lambda: rollback(repo, canary=True), "no_canary_analysis")
+    rec = run_canary(repo, apply=True)
     assert rec["decision"] == "rollback" and rec["decided_at_request"] < 600
     event = rec["applied"]
-    assert R.read_pointer(repo) == first and event["to_batch"] == X
+    assert read_pointer(repo) == first and event["to_batch"] == X
     assert event["reason"].startswith(f"canary {Y}: harm e-value")
     assert event["canary_record_sha256"] == io.sha256_file(repo / "reports" / "canary" / f"{Y}.json")
     committed = git(repo, "show", "--name-only", "--format=", "HEAD").split()
@@ -585,11 +589,11 @@ def test_a_promoted_canary_is_committed_and_is_not_a_rollback(repo):
     from clap.release import canary as C
 
     _canary_in_production(repo, fail_canary=0.02, fail_incumbent=0.4)
-    rec = R.run_canary(repo, apply=True)
+    rec = run_canary(repo, apply=True)
     assert rec["decision"] == "promote"
     assert git(repo, "log", "-1", "--format=%s").strip() == f"canary {Y}: promote (all traffic)"
-    assert C.promoted(repo, R.read_pointer(repo))
-    refused(repo, lambda: R.rollback(repo, canary=True), "not_a_rollback")
+    assert C.promoted(repo, read_pointer(repo))
+    refused(repo, lambda: rollback(repo, canary=True), "not_a_rollback")
 
 
 # ---------------------------------------------------------------- the canary watched by `clap serve`, over HTTP
@@ -628,10 +632,10 @@ def _watched_canary(repo, fail_canary: float, fail_incumbent: float, max_request
     from clap.release import canary as C
     from clap.task.scoring import scoring_params
 
-    R.release(repo, X, approve(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve(repo, X), load_params(repo), signing_key=signing_key(repo))
     repro(repo)
     set_decision(repo, Y, "canary")
-    R.release(repo, Y, approve(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, Y, approve(repo, Y), load_params(repo), signing_key=signing_key(repo))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["serve"] = yaml.safe_load((ROOT / "params.yaml").read_text())["serve"]
     assert params["serve"]["canary"]["watch_every"] == 1  # the project's own setting
@@ -639,7 +643,7 @@ def _watched_canary(repo, fail_canary: float, fail_incumbent: float, max_request
     (repo / ".gitignore").write_text((repo / ".gitignore").read_text() + "logs/\n")
     commit_all(repo, "serve params")
     sp = ServeParams(**{**params["serve"], "canary": C.CanaryParams(**params["serve"]["canary"])})
-    pointer = R.read_pointer(repo)
+    pointer = read_pointer(repo)
     canary = Served(
         "adapter", Y, Y, pointer["adapter_sha256"], "b", "canary", pointer["approval_id"], "canary"
     )
@@ -675,7 +679,7 @@ def test_serve_rolls_a_worse_canary_back_with_no_command(repo):
     rec = seen["watcher"].record
     assert rec["decision"] == "rollback" and rec["actor"] == "clap serve" and rec["harm_e_value"] >= 20
     history = read_jsonl(repo / "releases" / "history.jsonl")
-    assert not first and R.read_pointer(repo) == history[0]["pointer"]  # back on X
+    assert not first and read_pointer(repo) == history[0]["pointer"]  # back on X
     event = history[-1]
     assert (event["event"], event["from_batch"], event["to_batch"], event["canary_actor"]) == (
         "rollback", Y, X, "clap serve",
@@ -703,7 +707,7 @@ def test_serve_promotes_a_better_canary_with_no_command(repo):
     event = read_jsonl(repo / "releases" / "history.jsonl")[-1]
     assert (event["event"], event["decision"], event["canary_actor"]) == ("canary", "promote", "clap serve")
     assert event["non_inferiority_e_value"] == rec["non_inferiority_e_value"]
-    assert C.promoted(repo, R.read_pointer(repo)) and R.read_pointer(repo)["batch"] == Y
+    assert C.promoted(repo, read_pointer(repo)) and read_pointer(repo)["batch"] == Y
     assert (seen["after"]["arm"], seen["after"]["batch"]) == ("production", Y)
     assert git(repo, "status", "--porcelain") == ""
     lines: list[str] = []

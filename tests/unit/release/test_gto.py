@@ -13,6 +13,9 @@ import pytest
 
 from clap.errors import ClapError
 from clap.release import control as R
+from clap.release import gto as gto_tags
+from clap.release.records import load_params
+from clap.release.rollback import rollback
 
 from .release_fixtures import (
     BATCHES,
@@ -27,7 +30,7 @@ from .release_fixtures import (
 )
 
 X, Y = BATCHES
-A = R.GTO_ARTIFACT
+A = gto_tags.GTO_ARTIFACT
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def gto(repo: Path, *args: str) -> str:
 def prod_version(repo: Path, *options: str) -> str:
     """The version `gto show` reports in stage prod of the artifact."""
     shown = json.loads(gto(repo, "show", A, "--json", *options))
-    return next(v["version"] for v in shown if any(s["stage"] == R.GTO_STAGE for s in v["stages"]))
+    return next(v["version"] for v in shown if any(s["stage"] == gto_tags.GTO_STAGE for s in v["stages"]))
 
 
 def tags_at(repo: Path, commit: str) -> set[str]:
@@ -66,7 +69,7 @@ def tags_at(repo: Path, commit: str) -> set[str]:
 def release(repo, monkeypatch, batch, seconds):
     token = approve(repo, batch)
     at(monkeypatch, seconds)
-    return R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
+    return R.release(repo, batch, token, load_params(repo), signing_key=signing_key(repo))
 
 
 @pytest.mark.skipif(
@@ -86,7 +89,7 @@ def test_gto_show_lists_releases_and_the_rolled_back_version_in_prod(repo, monke
     assert prod_version(repo) == "v2.0.0"
     assert {v["version"] for v in json.loads(gto(repo, "show", A, "--json"))} == {"v1.0.0", "v2.0.0"}
     at(monkeypatch, 30)
-    back = R.rollback(repo)
+    back = rollback(repo)
     # prod leaves v2 (unassign on its commit) and is assigned again to v1 (on v1's commit)
     assert back["tags"] == [f"{A}#prod!#3", f"{A}#prod#4"]
     assert f"{A}#prod#4" in tags_at(repo, e1["release_commit"])
@@ -101,18 +104,18 @@ def test_an_existing_tag_name_refuses_the_release_and_is_never_moved(repo):
     git(repo, "tag", f"{A}@v1.0.0", "HEAD")  # someone else's tag with the name of the next version
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
+        R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == "tag_exists" and snapshot(repo) == before
 
 
 def test_a_tag_that_fails_after_the_commit_undoes_the_release(repo, monkeypatch):
     token = approve(repo, X)
     git(repo, "tag", f"{A}#prod#1", "HEAD")  # git refuses this name after the commit is made
-    monkeypatch.setattr(R, "_refuse_taken", lambda root, names: None)  # skip the early check
-    monkeypatch.setattr(R, "_gto_counter", lambda root: 1)  # and collide after v1.0.0 is tagged
+    monkeypatch.setattr(gto_tags, "refuse_taken", lambda root, names: None)  # skip the early check
+    monkeypatch.setattr(gto_tags, "next_counter", lambda root: 1)  # and collide after v1.0.0 is tagged
     before = snapshot(repo)
     with pytest.raises(ClapError) as err:
-        R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
+        R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
     assert (
         err.value.rule == "git_failed" and snapshot(repo) == before
     )  # no commit, no v1.0.0 tag, files restored

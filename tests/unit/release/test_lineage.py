@@ -7,8 +7,10 @@ import json
 import pytest
 
 from clap.errors import ClapError
-from clap.release import control as R
 from clap.release.lineage import _first_release_replaced, resolve
+from clap.release.records import read_pointer
+from clap.release.registry import read_history
+from clap.release.rollback import rollback
 
 from .release_fixtures import BATCHES, clean_git_env, copy_template, release_both, template_base
 
@@ -30,12 +32,12 @@ def _start(repo, batch, mode="incumbent"):
 def test_released_batches_keep_their_start_through_later_releases_and_rollback(repo):
     assert _start(repo, X) == ("", "") and _start(repo, Z) == ("", "")  # nothing released: fresh weights
     release_both(repo)  # X replaced nothing; Y replaced X
-    x_sha = R.read_history(repo)[0]["pointer"]["adapter_sha256"]
-    y_sha = R.read_pointer(repo)["adapter_sha256"]
+    x_sha = read_history(repo)[0]["pointer"]["adapter_sha256"]
+    y_sha = read_pointer(repo)["adapter_sha256"]
     assert _start(repo, X) == ("", "")  # never from Y (trained from X) nor from itself
     assert _start(repo, Y) == (X, x_sha)  # the release it replaced, not itself
     assert _start(repo, Z) == (Y, y_sha)  # never released: today's production
-    R.rollback(repo)
+    rollback(repo)
     assert _start(repo, Y) == (X, x_sha)  # unchanged by the rollback
     assert _start(repo, Z) == (X, x_sha)
     assert all(_start(repo, b, mode="fresh") == ("", "") for b in (X, Y, Z))
@@ -43,7 +45,7 @@ def test_released_batches_keep_their_start_through_later_releases_and_rollback(r
 
 def test_a_hand_edited_pointer_is_refused(repo):
     release_both(repo)
-    pointer = R.read_pointer(repo)
+    pointer = read_pointer(repo)
     pointer["adapter_sha256"] = "0" * 64
     (repo / "releases" / "production.json").write_text(json.dumps(pointer))
     with pytest.raises(ClapError) as err:
@@ -55,7 +57,7 @@ def test_a_forged_past_release_is_refused_for_the_batch_it_released(repo):
     """A released batch's start comes from history.jsonl: every release there is verified first, so a
     hand-edited past event (here: the adapter it replaced) is refused, not trusted."""
     release_both(repo)
-    history = R.read_history(repo)
+    history = read_history(repo)
     history[0]["pointer"]["adapter_sha256"] = "0" * 64  # X's release, which Y's start reads
     (repo / "releases" / "history.jsonl").write_text("".join(json.dumps(e) + "\n" for e in history))
     with pytest.raises(ClapError) as err:

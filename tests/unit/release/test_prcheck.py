@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from clap import cli, io
+from clap.release import compare
 from clap.release import prcheck as pc
-from clap.release import verify as vf
 
 ROOT_PARAMS = yaml.safe_load(open(__file__.rsplit("/tests/", 1)[0] + "/params.yaml"))["verify"]
 B = "2026-01"
@@ -80,8 +80,8 @@ def _git(root: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def vp() -> vf.VerifyParams:
-    return vf.VerifyParams(**ROOT_PARAMS)
+def vp() -> compare.VerifyParams:
+    return compare.VerifyParams(**ROOT_PARAMS)
 
 
 @pytest.fixture
@@ -230,7 +230,7 @@ def test_cached_directory_out_is_compared_by_content(repo, vp, tmp_path):
     assert by[f"{rel}/summary.json:passed"].status == "match"
     _write(repo, {f"{rel}/summary.json": {"passed": 91, "wall_s": 9.0}})
     rows = pc.compare_locks(old, new, repo, repo, set(), vp, cache=cache)
-    assert [r.artifact for r in rows if r.status == vf.FAILING] == [f"{rel}/summary.json:passed"]
+    assert [r.artifact for r in rows if r.status == compare.FAILING] == [f"{rel}/summary.json:passed"]
 
 
 def test_docs_only_change_passes(repo, vp):

@@ -19,7 +19,10 @@ from clap.model.base import base_sha256
 from clap.release import control as R
 from clap.release.approval import BINDING_CLAIMS, load_private_key
 from clap.release.canary import CanaryParams
-from clap.release.registry import check_registry, verify_pointer
+from clap.release.keys import change_trust, keygen
+from clap.release.records import current_binding, load_params, read_pointer
+from clap.release.registry import check_registry, read_history, read_jsonl, verify_pointer
+from clap.release.rollback import rollback
 
 from .release_fixtures import (
     BATCHES,
@@ -62,8 +65,8 @@ def repo(tmp_path_factory, tmp_path, monkeypatch):
 
 def revoke_alice(repo):
     """alice, the one key in force, revokes her own key (a quorum of 1)."""
-    R.change_trust(
-        repo, "revoke", "alice", repo.parent / "keys" / "alice.key", R.load_params(repo), "laptop stolen"
+    change_trust(
+        repo, "revoke", "alice", repo.parent / "keys" / "alice.key", load_params(repo), "laptop stolen"
     )
 
 
@@ -91,12 +94,12 @@ def assert_refused_by_all(repo, pattern: str, capsys=None) -> None:
 def assert_accepted_by_all(repo, batch: str) -> None:
     served, adapter_dir = resolve_release(repo, SP)
     assert served.batch == batch and adapter_dir == repo / "models" / "adapters" / batch
-    assert served.approval_id == R.read_pointer(repo)["approval_id"]
+    assert served.approval_id == read_pointer(repo)["approval_id"]
     spec = incumbent_spec(
         repo / "releases" / "production.json", repo / "models" / "adapters", repo / "models" / "base"
     )
     assert spec is not None and spec.batch == batch
-    assert check_registry(repo, emit=lambda line: None) == len(R.read_history(repo))
+    assert check_registry(repo, emit=lambda line: None) == len(read_history(repo))
 
 
 def test_committed_registry_passes(capsys):
@@ -109,7 +112,7 @@ def test_committed_registry_passes(capsys):
 def test_release_and_rollback_pass_every_reader(repo, capsys):
     release_both(repo)
     assert_accepted_by_all(repo, Y)
-    R.rollback(repo)
+    rollback(repo)
     assert_accepted_by_all(repo, X)  # by the first release's own approval
     assert cli.main(["registry-check", "--root", str(repo)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -140,7 +143,7 @@ def test_hand_edited_pointer_beside_a_real_release_is_refused(repo):
 
 def test_pointer_switched_to_another_batch_is_refused(repo):
     release_both(repo)
-    pointer = R.read_pointer(repo)
+    pointer = read_pointer(repo)
     adapter = repo / "models" / "adapters" / X
     switched = {
         **pointer,
@@ -155,8 +158,8 @@ def test_pointer_switched_to_another_batch_is_refused(repo):
 def test_rolled_back_release_restored_by_hand_is_refused(repo):
     """Y was rolled back (a rollback event): putting its pointer back by hand needs fresh approvals."""
     release_both(repo)
-    second = R.read_history(repo)[1]["pointer"]
-    R.rollback(repo)
+    second = read_history(repo)[1]["pointer"]
+    rollback(repo)
     io.write_json(repo / "releases" / "production.json", second)
     for read in _readers(repo).values():
         with pytest.raises(ClapError, match="not in effect .*rolled back.*fresh approvals"):
@@ -165,10 +168,10 @@ def test_rolled_back_release_restored_by_hand_is_refused(repo):
 
 def test_reordered_history_is_refused(repo):
     """Swapping the two releases (previous_batch edited to match) would bring X back without a rollback."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve_batch(repo, X), load_params(repo), signing_key=signing_key(repo))
     repro(repo)
     time.sleep(1.1)  # token iat has one-second resolution: the second approval is strictly later
-    R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, Y, approve_batch(repo, Y), load_params(repo), signing_key=signing_key(repo))
     history = repo / "releases" / "history.jsonl"
     first, second = (json.loads(line) for line in history.read_text().splitlines())
     first["previous_batch"], second["previous_batch"] = Y, None
@@ -180,7 +183,7 @@ def test_reordered_history_is_refused(repo):
 def test_revoked_key_is_refused(repo):
     """An approval signed by a key no longer in releases/trusted_keys does not verify any more."""
     release_both(repo)
-    R.keygen(repo, "bob", repo.parent / "keys")
+    keygen(repo, "bob", repo.parent / "keys")
     (repo / "releases" / "trusted_keys" / "alice.pub").unlink()
     assert_refused_by_all(repo, "pinned trust root fingerprint\\(s\\) is a key in releases/trusted_keys")
 
@@ -217,7 +220,7 @@ def test_another_base_model_is_refused(repo):
 
 def test_approval_binds_the_base_model(repo):
     token = approve_batch(repo, X)
-    event = R.release(repo, X, token, R.load_params(repo), signing_key=signing_key(repo))
+    event = R.release(repo, X, token, load_params(repo), signing_key=signing_key(repo))
     assert event["pointer"]["base_sha256"] == base_sha256(repo / "models" / "base")
     assert event["token"] == token
 
@@ -232,7 +235,7 @@ def _append(path, row) -> None:
 
 def _forge_release(repo, batch, *, key="alice", issuer=None, binding=None, drop=()) -> dict:
     """A release recorded by hand as `clap release` would, with a token signed by ``key`` (as ``issuer``)."""
-    claims = {**dataclasses.asdict(binding or R.current_binding(repo, batch))}
+    claims = {**dataclasses.asdict(binding or current_binding(repo, batch))}
     now = int(time.time())
     claims.update(
         iss=issuer or key,
@@ -248,7 +251,7 @@ def _forge_release(repo, batch, *, key="alice", issuer=None, binding=None, drop=
     token = jwt.encode(claims, load_private_key(repo.parent / "keys" / f"{key}.key"), algorithm="EdDSA")
     pointer = {k: claims[k] for k in BINDING_CLAIMS if k in claims}
     pointer.update(approval_id=claims["jti"], approver=claims["iss"], commit=_head(repo))
-    previous = R.read_pointer(repo).get("batch")
+    previous = read_pointer(repo).get("batch")
     at = datetime.now(UTC).isoformat(timespec="seconds")
     releases = repo / "releases"
     _append(
@@ -291,7 +294,7 @@ def test_hand_edited_pointer_committed_then_restored_is_refused(repo, capsys):
 def test_reverted_ledger_commit_is_refused(repo):
     """A revert of a release's ledger commit drops its history and ledger rows (the ledger is what makes a
     token single-use): refused, naming the pointer commit to revert instead."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve_batch(repo, X), load_params(repo), signing_key=signing_key(repo))
     assert git(repo, "log", "-1", "--format=%s", "HEAD~1").startswith(f"release {X}: ledger (approval ")
     git(repo, "revert", "--no-edit", "HEAD~1")
     with pytest.raises(
@@ -306,8 +309,7 @@ def test_reverted_ledger_commit_is_refused(repo):
 
 def _rows(repo) -> dict[str, list]:
     return {
-        n: R._read_jsonl(repo / "releases" / n)
-        for n in ("history.jsonl", "approvals_used.jsonl", "trust.jsonl")
+        n: read_jsonl(repo / "releases" / n) for n in ("history.jsonl", "approvals_used.jsonl", "trust.jsonl")
     }
 
 
@@ -328,7 +330,7 @@ def test_git_revert_of_a_release_is_a_rollback(repo, capsys):
     t1, t2 = release_both(repo)
     rows = _rows(repo)
     git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
-    assert R.read_pointer(repo) == R.read_history(repo)[0]["pointer"]
+    assert read_pointer(repo) == read_history(repo)[0]["pointer"]
     assert _rows(repo) == rows  # history, ledger and trust log untouched
     assert_accepted_by_all(repo, X)
     assert cli.main(["registry-check", "--root", str(repo)]) == 0
@@ -337,7 +339,7 @@ def test_git_revert_of_a_release_is_a_rollback(repo, capsys):
     assert out.splitlines()[-1].startswith(f"production: batch {X}")
     for batch, token in ((Y, t2), (X, t1)):  # neither approval can be used again
         with pytest.raises(ClapError, match="already used") as err:
-            R.release(repo, batch, token, R.load_params(repo), signing_key=signing_key(repo))
+            R.release(repo, batch, token, load_params(repo), signing_key=signing_key(repo))
         assert err.value.rule == "replayed_token"
 
 
@@ -346,7 +348,7 @@ def test_reverting_each_release_in_order_reaches_the_base_only_by_policy(repo):
     release_both(repo)
     git(repo, "revert", "--no-edit", _pointer_commit(repo, Y))
     git(repo, "revert", "--no-edit", _pointer_commit(repo, X))
-    assert R.read_pointer(repo)["batch"] is None
+    assert read_pointer(repo)["batch"] is None
     with pytest.raises(ClapError, match="rollback_to_base is true") as err:
         check_registry(repo, emit=lambda line: None)
     assert err.value.rule == "not_in_effect"
@@ -368,13 +370,13 @@ def test_clap_rollback_after_a_git_revert_records_it_first(repo):
     params["release"]["rollback_to_base"] = True
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     commit_all(repo, "release.rollback_to_base: true")
-    R.rollback(repo)
-    history = R.read_history(repo)
+    rollback(repo)
+    history = read_history(repo)
     assert [(e["event"], e.get("from_batch"), e.get("to_batch"), e.get("reason")) for e in history[2:]] == [
         ("rollback", Y, X, "git revert"),
         ("rollback", X, None, "manual"),
     ]
-    assert R.read_pointer(repo)["batch"] is None
+    assert read_pointer(repo)["batch"] is None
     assert check_registry(repo, emit=lambda line: None) == 4
 
 
@@ -390,8 +392,8 @@ def test_revert_of_a_revert_needs_fresh_approvals(repo):
     assert err.value.rule == "rolled_back_release"
     git(repo, "reset", "-q", "--hard", "HEAD~1")
     repro(repo)  # production changed: re-evaluate against X
-    event = R.release(repo, Y, approve_batch(repo, Y), R.load_params(repo), signing_key=signing_key(repo))
-    history = R.read_history(repo)
+    event = R.release(repo, Y, approve_batch(repo, Y), load_params(repo), signing_key=signing_key(repo))
+    history = read_history(repo)
     assert [e["event"] for e in history] == ["release", "release", "rollback", "release"]
     assert history[2]["reason"] == "git revert" and (history[2]["from_batch"], history[2]["to_batch"]) == (
         Y,
@@ -403,7 +405,7 @@ def test_revert_of_a_revert_needs_fresh_approvals(repo):
 
 def test_revert_of_a_clap_rollback_needs_fresh_approvals(repo):
     release_both(repo)
-    R.rollback(repo)
+    rollback(repo)
     git(repo, "revert", "--no-edit", "HEAD")
     with pytest.raises(
         ClapError, match=f"rollback {Y} -> {X}: reverting a rollback is refused.*fresh approvals"
@@ -415,16 +417,16 @@ def test_revert_of_a_clap_rollback_needs_fresh_approvals(repo):
 def test_reused_token_is_refused(repo):
     """The first release's token, recorded again (with a second ledger entry) to bring its batch back."""
     release_both(repo)
-    first = R.read_history(repo)[0]
+    first = read_history(repo)[0]
     _append(repo / "releases" / "history.jsonl", {**first, "previous_batch": Y})
     _append(
         repo / "releases" / "approvals_used.jsonl",
-        R._read_jsonl(repo / "releases" / "approvals_used.jsonl")[0],
+        read_jsonl(repo / "releases" / "approvals_used.jsonl")[0],
     )
     io.write_json(repo / "releases" / "production.json", first["pointer"])
     assert_refused_by_all(repo, "claimed by")
     with pytest.raises(ClapError, match="already used"):
-        R.release(repo, X, first["token"], R.load_params(repo), signing_key=signing_key(repo))
+        R.release(repo, X, first["token"], load_params(repo), signing_key=signing_key(repo))
 
 
 def test_token_bound_to_another_base_is_refused(repo):
@@ -451,16 +453,16 @@ def test_revoked_key_refuses_production_and_new_approvals(repo, monkeypatch, cap
     key = str(repo.parent / "keys" / "alice.key")
     assert cli.main(["trust", "revoke", "alice", "--key", key, "--reason", "laptop stolen"]) == 0
     assert "revoke alice" in capsys.readouterr().out
-    row = R._read_jsonl(repo / "releases" / "trust.jsonl")[0]
+    row = read_jsonl(repo / "releases" / "trust.jsonl")[0]
     assert row["after_event"] == 2 and row["name"] == "alice" and row["action"] == "revoke"
     assert_refused_by_all(repo, "revoked in releases/trust.jsonl after event 2 \\(laptop stolen\\)", capsys)
     with pytest.raises(ClapError, match="was revoked") as err:
-        R.release(repo, X, pending, R.load_params(repo), signing_key=signing_key(repo))
+        R.release(repo, X, pending, load_params(repo), signing_key=signing_key(repo))
     assert err.value.rule == "key_revoked"
     with pytest.raises(ClapError, match="was revoked"):
         approve_batch(repo, X)
     with pytest.raises(ClapError, match="cannot roll back to batch 2026-01: .*was revoked"):
-        R.rollback(repo)  # the release before it was approved by the same key
+        rollback(repo)  # the release before it was approved by the same key
 
 
 def test_revoked_key_trusted_again_under_another_name_is_refused(repo):
@@ -484,7 +486,7 @@ def test_history_rewritten_around_a_revoked_key_is_refused(repo):
     release_both(repo)
     revoke_alice(repo)
     releases = repo / "releases"
-    history, ledger = (R._read_jsonl(releases / n) for n in ("history.jsonl", "approvals_used.jsonl"))
+    history, ledger = (read_jsonl(releases / n) for n in ("history.jsonl", "approvals_used.jsonl"))
     for name, rows in (("history.jsonl", history[:1]), ("approvals_used.jsonl", ledger[:1])):
         (releases / name).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     io.write_json(releases / "production.json", history[0]["pointer"])
@@ -517,7 +519,7 @@ def test_release_not_matching_its_commit_is_refused_by_the_registry_check(repo):
     serve and eval check the adapter and base they load; the evaluation record and evidence bundle
     are checked against git, where they were committed, by `clap registry-check`.
     """
-    binding = dataclasses.replace(R.current_binding(repo, X), evidence_sha256="0" * 64)
+    binding = dataclasses.replace(current_binding(repo, X), evidence_sha256="0" * 64)
     _forge_release(repo, X, binding=binding)
     commit_all(repo, "release 2026-01")
     with pytest.raises(ClapError, match="evidence_sha256: approved '0000.*committed in") as err:
@@ -563,7 +565,7 @@ def _resign(repo, batch, folder, key_name="other") -> dict:
 def test_signature_swapped_in_a_later_commit_is_refused(repo, capsys):
     """Another key's signature of the same bytes passes the standard verifier with the swapped public key:
     only the registry, which recorded the release's own signature, can tell."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve_batch(repo, X), load_params(repo), signing_key=signing_key(repo))
     assert check_registry(repo, emit=lambda line: None) == 1
     _resign(repo, X, repo / "models" / "adapters" / X)
     with pytest.raises(
@@ -584,9 +586,9 @@ def test_signature_swapped_in_a_later_commit_is_refused(repo, capsys):
 
 def test_release_whose_signature_signs_other_bytes_is_refused(repo):
     """A release commit rewritten so that its recorded signature (hashes consistent) signs another adapter."""
-    R.release(repo, X, approve_batch(repo, X), R.load_params(repo), signing_key=signing_key(repo))
+    R.release(repo, X, approve_batch(repo, X), load_params(repo), signing_key=signing_key(repo))
     record = _resign(repo, X, repo / "models" / "adapters" / Y, key_name="signer-2")
-    history = R.read_history(repo)
+    history = read_history(repo)
     history[-1]["model_signature"] = record
     io.write_jsonl(repo / "releases" / "history.jsonl", history)
     git(repo, "reset", "-q", "--soft", "HEAD~2")  # ledger and pointer commits rewritten as one

@@ -8,6 +8,8 @@ import pytest
 
 from clap.errors import ClapError
 from clap.release import control as R
+from clap.release.keys import change_trust, keygen
+from clap.release.records import load_params
 from clap.release.registry import check_registry, read_trust, verify_pointer
 from clap.release.trust import PENDING, TRUST_LOG, pinned_roots
 
@@ -36,12 +38,12 @@ def _key(repo, name):
 
 
 def new_key(repo, name):
-    R.keygen(repo, name, repo.parent / "keys")
+    keygen(repo, name, repo.parent / "keys")
     commit_all(repo, f"key material of {name}")
 
 
 def change(repo, action, name, signer, reason=""):
-    return R.change_trust(repo, action, name, _key(repo, signer), R.load_params(repo), reason)
+    return change_trust(repo, action, name, _key(repo, signer), load_params(repo), reason)
 
 
 def add_bob(repo):
@@ -52,7 +54,7 @@ def add_bob(repo):
 
 
 def release(repo, tokens):
-    return R.release(repo, X, tokens, R.load_params(repo), signing_key=signing_key(repo))
+    return R.release(repo, X, tokens, load_params(repo), signing_key=signing_key(repo))
 
 
 def test_a_team_of_two_releases_only_with_both_approvers(repo):

@@ -16,19 +16,20 @@ from safetensors.torch import save_file
 
 from clap import io
 from clap.errors import ClapError
+from clap.release import checkout, compare
 from clap.release import verify as vf
 
 ROOT_PARAMS = yaml.safe_load(open(__file__.rsplit("/tests/", 1)[0] + "/params.yaml"))["verify"]
 
 
 @pytest.fixture
-def vp() -> vf.VerifyParams:
-    return vf.VerifyParams(**ROOT_PARAMS)
+def vp() -> compare.VerifyParams:
+    return compare.VerifyParams(**ROOT_PARAMS)
 
 
 def test_keys_are_classified_by_params(vp):
     kinds = {
-        key: vf.classify_key(key, vp)
+        key: compare.classify_key(key, vp)
         for key in (
             "decision",
             "offline_decision",
@@ -62,7 +63,7 @@ def test_keys_are_classified_by_params(vp):
 
 def test_flatten_keys_named_lists_by_name_and_keeps_empty_containers():
     obj = {"reasons": [{"name": "quality", "cap": "hold"}], "ids": ["a", "b"], "none": {}}
-    assert dict(vf.flatten(obj)) == {
+    assert dict(compare.flatten(obj)) == {
         "reasons.quality.name": "quality",
         "reasons.quality.cap": "hold",
         "ids.0": "a",
@@ -75,17 +76,20 @@ def test_json_timing_differs_as_expected_and_a_decision_fails(tmp_path, vp):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     io.write_json(a, {"decision": "hold", "wall_s": 1.0, "pass_rate": 0.5})
     io.write_json(b, {"decision": "hold", "wall_s": 2.0, "pass_rate": 0.5})
-    assert {r.artifact: r.status for r in vf.compare_json("m.json", a, b, vp)} == {
+    assert {r.artifact: r.status for r in compare.compare_json("m.json", a, b, vp)} == {
         "m.json:decision": "match",
         "m.json:pass_rate": "match",
         "m.json:wall_s": "expected",
     }
     io.write_json(b, {"decision": "promote", "wall_s": 1.0})
-    rows = {r.artifact: r for r in vf.compare_json("m.json", a, b, vp)}
-    assert rows["m.json:decision"].status == vf.FAILING and rows["m.json:pass_rate"].reproduced == "<missing>"
+    rows = {r.artifact: r for r in compare.compare_json("m.json", a, b, vp)}
+    assert (
+        rows["m.json:decision"].status == compare.FAILING
+        and rows["m.json:pass_rate"].reproduced == "<missing>"
+    )
     b.write_text("{corrupt")
     with pytest.raises(ClapError, match="not valid JSON"):
-        vf.compare_json("m.json", a, b, vp)
+        compare.compare_json("m.json", a, b, vp)
 
 
 def test_parquet_with_other_bytes_but_same_rows_fails_unless_versions_changed(tmp_path):
@@ -94,14 +98,15 @@ def test_parquet_with_other_bytes_but_same_rows_fails_unless_versions_changed(tm
     pq.write_table(
         pa.Table.from_pandas(df, preserve_index=False), tmp_path / "b.parquet", compression="snappy"
     )
-    row = vf.compare_parquet("x.parquet", tmp_path / "a.parquet", tmp_path / "b.parquet")
+    row = compare.compare_parquet("x.parquet", tmp_path / "a.parquet", tmp_path / "b.parquet")
     assert row.status == "content"
     assert vf.VerifyResult("c", ["b"], [row], 0.0).failures == [row]
-    env = vf.Row("m.json:pyarrow_version", "environment", "26.0.1", "27.0.0", "expected")
+    env = compare.Row("m.json:pyarrow_version", "environment", "26.0.1", "27.0.0", "expected")
     assert vf.VerifyResult("c", ["b"], [row, env], 0.0).failures == []  # explained by the upgrade
     io.write_parquet(tmp_path / "b.parquet", df.assign(v=[1.0, 3.0]))
     assert (
-        vf.compare_parquet("x.parquet", tmp_path / "a.parquet", tmp_path / "b.parquet").status == vf.FAILING
+        compare.compare_parquet("x.parquet", tmp_path / "a.parquet", tmp_path / "b.parquet").status
+        == compare.FAILING
     )
 
 
@@ -109,40 +114,43 @@ def test_adapter_weights_compare_by_bytes_or_by_recorded_tolerance(tmp_path):
     save_file({"w": torch.ones(2, 2)}, tmp_path / "a.safetensors")
     save_file({"w": torch.ones(2, 2) + 1e-6}, tmp_path / "b.safetensors")
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
-    assert vf.compare_weights("w", a, b, None).status == vf.FAILING  # CPU: bytes must match
-    assert vf.compare_weights("w", a, b, 1e-4).status == "tolerance"
-    assert vf.compare_weights("w", a, b, 1e-8).status == vf.FAILING
+    assert compare.compare_weights("w", a, b, None).status == compare.FAILING  # CPU: bytes must match
+    assert compare.compare_weights("w", a, b, 1e-4).status == "tolerance"
+    assert compare.compare_weights("w", a, b, 1e-8).status == compare.FAILING
     io.write_metrics_and_record(  # determinism goes to records/train/b1.json, the tolerance stays a metric
         tmp_path / "metrics/train/b1.json", None, {"determinism": "tolerance", "adapter_abs_tol": 1e-4}
     )
     assert io.read_json(tmp_path / "records/train/b1.json") == {"determinism": "tolerance"}
-    assert vf.adapter_tolerance(tmp_path, "b1") == 1e-4 and vf.adapter_tolerance(tmp_path, "other") is None
+    assert (
+        compare.adapter_tolerance(tmp_path, "b1") == 1e-4
+        and compare.adapter_tolerance(tmp_path, "other") is None
+    )
 
 
 def test_missing_files_and_timing_files(tmp_path, vp):
     (tmp_path / "t.parquet").write_bytes(b"1")
     (tmp_path / "u.parquet").write_bytes(b"2")
     assert (
-        vf.compare_file(
+        compare.compare_file(
             "data/eval/b/timings.parquet", tmp_path / "t.parquet", tmp_path / "u.parquet", vp, None
         )[0].status
         == "expected"
     )
-    gone = vf.compare_file("data/eval/b/items.parquet", tmp_path / "t.parquet", None, vp, None)[0]
-    assert (gone.status, gone.reproduced) == (vf.FAILING, "missing")
+    gone = compare.compare_file("data/eval/b/items.parquet", tmp_path / "t.parquet", None, vp, None)[0]
+    assert (gone.status, gone.reproduced) == (compare.FAILING, "missing")
 
 
 def test_lock_problems_are_loud(tmp_path, vp):
     with pytest.raises(ClapError, match="no dvc.lock"):
-        vf.read_lock(tmp_path)
+        checkout.read_lock(tmp_path)
     (tmp_path / "dvc.lock").write_text("stages: [unclosed")
     with pytest.raises(ClapError, match="does not parse"):
-        vf.read_lock(tmp_path)
+        checkout.read_lock(tmp_path)
     (tmp_path / "dvc.lock").write_text(
         yaml.safe_dump({"schema": "2.0", "stages": {"assetize@b": {"outs": [{"path": "data/assets/b"}]}}})
     )
     with pytest.raises(ClapError, match="did not run them"):
-        vf.batch_stages(vf.read_lock(tmp_path), "b", vp)
+        checkout.batch_stages(checkout.read_lock(tmp_path), "b", vp)
 
 
 def test_inputs_to_pull_are_upstream_stages_outside_the_rerun(tmp_path):
@@ -156,13 +164,13 @@ def test_inputs_to_pull_are_upstream_stages_outside_the_rerun(tmp_path):
         "admit@b": {"outs": [{"path": "data/admitted/b"}]},
     }
     io.write_json(tmp_path / "releases/production.json", {"batch": "a"})
-    assert vf.inputs_to_pull(lock, ["admit@b", "train@b"], tmp_path) == ["base", "train@a"]
+    assert checkout.inputs_to_pull(lock, ["admit@b", "train@b"], tmp_path) == ["base", "train@a"]
     # a user's batch is DVC-tracked data (data/raw/<b>.dvc): its .dvc file is pulled; a git-tracked one is not
     lock["assetize@b"] = {"deps": [{"path": "stages/assetize.py"}, {"path": "data/raw/b"}]}
-    assert vf.inputs_to_pull(lock, ["assetize@b"], tmp_path) == ["train@a"]
+    assert checkout.inputs_to_pull(lock, ["assetize@b"], tmp_path) == ["train@a"]
     (tmp_path / "data/raw").mkdir(parents=True)
     (tmp_path / "data/raw/b.dvc").write_text("outs:\n- path: b\n")
-    assert vf.inputs_to_pull(lock, ["assetize@b", "admit@b"], tmp_path) == ["data/raw/b.dvc", "train@a"]
+    assert checkout.inputs_to_pull(lock, ["assetize@b", "admit@b"], tmp_path) == ["data/raw/b.dvc", "train@a"]
 
 
 def test_target_is_a_commit_or_a_batch_at_head(tmp_path):
@@ -179,20 +187,20 @@ def test_target_is_a_commit_or_a_batch_at_head(tmp_path):
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True
     ).stdout.strip()
-    assert vf.resolve_target(tmp_path, "HEAD") == (head, None)
-    assert vf.resolve_target(tmp_path, "2026-01") == (head, ["2026-01"])
+    assert checkout.resolve_target(tmp_path, "HEAD") == (head, None)
+    assert checkout.resolve_target(tmp_path, "2026-01") == (head, ["2026-01"])
     with pytest.raises(ClapError, match="neither a commit nor a batch"):
-        vf.resolve_target(tmp_path, "2027-99")
+        checkout.resolve_target(tmp_path, "2027-99")
 
 
 def test_table_condenses_matching_keys_and_shows_every_difference():
     rows = [
-        vf.Row("m.json:decision", "decision", "hold", "hold", "match"),
-        vf.Row("m.json:a", "value", "1", "1", "match"),
-        vf.Row("m.json:b", "value", "1", "1", "match"),
-        vf.Row("m.json:wall_s", "timing", "1", "2", "expected"),
-        vf.Row("m.json:c", "value", "1", "2", vf.FAILING),
-        vf.Row("x.parquet", "hash", "ab", "ab", "match"),
+        compare.Row("m.json:decision", "decision", "hold", "hold", "match"),
+        compare.Row("m.json:a", "value", "1", "1", "match"),
+        compare.Row("m.json:b", "value", "1", "1", "match"),
+        compare.Row("m.json:wall_s", "timing", "1", "2", "expected"),
+        compare.Row("m.json:c", "value", "1", "2", compare.FAILING),
+        compare.Row("x.parquet", "hash", "ab", "ab", "match"),
     ]
     text = vf.render_table(vf.VerifyResult("0123456789abcdef", ["b"], rows, 1.5))
     assert (
@@ -212,8 +220,8 @@ def test_table_condenses_matching_keys_and_shows_every_difference():
         "verify 0123456789ab batches b (rebuilt from data/raw, no remote): REPRODUCED; match 2; 1.5 s"
     )
     by = [
-        vf.Row("m.json:a", "value", "1", "1", "match", "value"),
-        vf.Row("d/x", "hash", "", "", "match", vf.BY_LOCK),
+        compare.Row("m.json:a", "value", "1", "1", "match", "value"),
+        compare.Row("d/x", "hash", "", "", "match", compare.BY_LOCK),
     ]
     text = vf.render_table(vf.VerifyResult("0123456789abcdef", ["b"], by, 1.5))
     assert (
@@ -240,10 +248,10 @@ def _batch_root(root, hardware: str, **train):
 def test_hardware_class_is_read_from_the_training_record_and_old_commits_count_as_same(tmp_path):
     a = _batch_root(tmp_path / "a", "x86_64-avx512-intel")
     b = _batch_root(tmp_path / "b", "x86_64-avx2-amd")
-    assert vf.batch_hardware(a, b, "b") == vf.Hardware("x86_64-avx512-intel", "x86_64-avx2-amd")
-    assert vf.batch_hardware(a, b, "b").differs and not vf.batch_hardware(a, a, "b").differs
-    assert not vf.Hardware("", "x86_64-avx2-amd").differs  # the commit recorded none: bytes, as before
-    assert vf.recorded_hardware(tmp_path / "none", "b") == ""
+    assert compare.batch_hardware(a, b, "b") == compare.Hardware("x86_64-avx512-intel", "x86_64-avx2-amd")
+    assert compare.batch_hardware(a, b, "b").differs and not compare.batch_hardware(a, a, "b").differs
+    assert not compare.Hardware("", "x86_64-avx2-amd").differs  # the commit recorded none: bytes, as before
+    assert compare.recorded_hardware(tmp_path / "none", "b") == ""
 
 
 def test_another_hardware_class_passes_floats_within_tolerance_labelled(tmp_path, vp):
@@ -251,18 +259,23 @@ def test_another_hardware_class_passes_floats_within_tolerance_labelled(tmp_path
     a = _batch_root(tmp_path / "a", "x86_64-avx512-intel")
     b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", train_loss_end=sixth, adapter_sha256="b" * 64)
     paths = ["metrics/train/b.json", "records/train/b.json"]
-    same = vf.compare_outputs(a, b, paths, "b", vp)  # as if one hardware class: bytes and values exact
+    same = compare.compare_outputs(a, b, paths, "b", vp)  # as if one hardware class: bytes and values exact
     assert {r.artifact for r in vf.VerifyResult("c", ["b"], same, 0.0).failures} == {
         "metrics/train/b.json:train_loss_end",
         "records/train/b.json:adapter_sha256",
     }
-    rows = {r.artifact: r for r in vf.compare_outputs(a, b, paths, "b", vp, vf.batch_hardware(a, b, "b"))}
+    rows = {
+        r.artifact: r
+        for r in compare.compare_outputs(a, b, paths, "b", vp, compare.batch_hardware(a, b, "b"))
+    }
     assert vf.VerifyResult("c", ["b"], list(rows.values()), 0.0).failures == []
     loss = rows["metrics/train/b.json:train_loss_end"]
-    assert (loss.status, loss.by) == (vf.CROSS_HARDWARE, "value") and loss.reproduced.endswith(
+    assert (loss.status, loss.by) == (compare.CROSS_HARDWARE, "value") and loss.reproduced.endswith(
         "(different hardware)"
     )
-    assert rows["records/train/b.json:adapter_sha256"].status == vf.CROSS_HARDWARE  # a float-made artifact
+    assert (
+        rows["records/train/b.json:adapter_sha256"].status == compare.CROSS_HARDWARE
+    )  # a float-made artifact
     assert rows["records/train/b.json:hardware"].status == "expected"  # environment: reported
     assert rows["metrics/train/b.json:decision"].status == "match"
 
@@ -281,8 +294,8 @@ def test_another_hardware_class_passes_floats_within_tolerance_labelled(tmp_path
 def test_another_hardware_class_still_fails_on_decisions_counts_and_data(tmp_path, vp, change):
     a = _batch_root(tmp_path / "a", "x86_64-avx512-intel", sha256_sft="d" * 64)
     b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", **{"sha256_sft": "d" * 64, **change})
-    rows = vf.compare_outputs(
-        a, b, ["metrics/train/b.json", "records/train/b.json"], "b", vp, vf.batch_hardware(a, b, "b")
+    rows = compare.compare_outputs(
+        a, b, ["metrics/train/b.json", "records/train/b.json"], "b", vp, compare.batch_hardware(a, b, "b")
     )
     failures = vf.VerifyResult("c", ["b"], rows, 0.0).failures
     assert [r.artifact.split(":")[1] for r in failures] == list(change)
@@ -293,18 +306,26 @@ def test_another_hardware_class_compares_adapter_weights_and_csv_within_toleranc
     save_file({"w": torch.ones(2, 2) + 1e-6}, tmp_path / "b.safetensors")
     save_file({"w": torch.ones(2, 2) + 1e-2}, tmp_path / "c.safetensors")
     a, b, c = (tmp_path / f"{n}.safetensors" for n in "abc")
-    row = vf.compare_weights("w", a, b, vp.hardware_adapter_abs_tol, cross_hardware=True)
-    assert (row.status, row.by) == (vf.CROSS_HARDWARE, "weights") and "(different hardware)" in row.reproduced
+    row = compare.compare_weights("w", a, b, vp.hardware_adapter_abs_tol, cross_hardware=True)
+    assert (row.status, row.by) == (
+        compare.CROSS_HARDWARE,
+        "weights",
+    ) and "(different hardware)" in row.reproduced
     assert (
-        vf.compare_weights("w", a, c, vp.hardware_adapter_abs_tol, cross_hardware=True).status == vf.FAILING
+        compare.compare_weights("w", a, c, vp.hardware_adapter_abs_tol, cross_hardware=True).status
+        == compare.FAILING
     )
     (tmp_path / "a.csv").write_text("step,kl,verdict\n1,0.0123456,ok\n")
     (tmp_path / "b.csv").write_text("step,kl,verdict\n1,0.0123457,ok\n")
     (tmp_path / "c.csv").write_text("step,kl,verdict\n2,0.0123456,ok\n")
     csv_a, csv_b, csv_c = (tmp_path / f"{n}.csv" for n in "abc")
-    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None)[0].status == vf.FAILING  # same hardware: bytes
-    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == vf.CROSS_HARDWARE
-    assert vf.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == vf.FAILING  # a count differs
+    assert (
+        compare.compare_file("p.csv", csv_a, csv_b, vp, None)[0].status == compare.FAILING
+    )  # same hardware: bytes
+    assert compare.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == compare.CROSS_HARDWARE
+    assert (
+        compare.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == compare.FAILING
+    )  # a count differs
 
 
 def test_keyed_absolute_tolerances_for_quantities_whose_scale_is_not_their_magnitude(tmp_path, vp):
@@ -315,23 +336,25 @@ def test_keyed_absolute_tolerances_for_quantities_whose_scale_is_not_their_magni
     log_e = (0.08412832804760018, 0.08408995069623049)
     kl = (8.680171595187858e-05, 8.681725012138486e-05)
     for key, (a, b) in {"metrics/train/b.json:detector_max_log_e": log_e, "kl": kl}.items():
-        assert not vf.within_hardware_tolerance(a, b, vp)  # no key: relative 1e-4 only
-        assert vf.within_hardware_tolerance(a, b, vp, key)
-    assert vf.within_hardware_tolerance(*log_e, vp, "detector.max_log_e")  # the leaf of a nested key
-    assert not vf.within_hardware_tolerance(0.084, 0.090, vp, "detector_max_log_e")  # 6e-3: beyond 1e-3
-    assert not vf.within_hardware_tolerance(8.4e-5, 2.4e-5, vp, "kl_peak")  # 6e-5: beyond 1e-6
-    assert not vf.within_hardware_tolerance(*log_e, vp, "final_loss")  # other keys keep the relative rule
+        assert not compare.within_hardware_tolerance(a, b, vp)  # no key: relative 1e-4 only
+        assert compare.within_hardware_tolerance(a, b, vp, key)
+    assert compare.within_hardware_tolerance(*log_e, vp, "detector.max_log_e")  # the leaf of a nested key
+    assert not compare.within_hardware_tolerance(0.084, 0.090, vp, "detector_max_log_e")  # 6e-3: beyond 1e-3
+    assert not compare.within_hardware_tolerance(8.4e-5, 2.4e-5, vp, "kl_peak")  # 6e-5: beyond 1e-6
+    assert not compare.within_hardware_tolerance(
+        *log_e, vp, "final_loss"
+    )  # other keys keep the relative rule
 
     a = _batch_root(tmp_path / "a", "x86_64-avx512-amd", detector_max_log_e=log_e[0])
     b = _batch_root(tmp_path / "b", "x86_64-avx2-amd", detector_max_log_e=log_e[1])
-    rows = vf.compare_outputs(a, b, ["metrics/train/b.json"], "b", vp, vf.batch_hardware(a, b, "b"))
+    rows = compare.compare_outputs(a, b, ["metrics/train/b.json"], "b", vp, compare.batch_hardware(a, b, "b"))
     assert vf.VerifyResult("c", ["b"], rows, 0.0).failures == []
     (tmp_path / "a.csv").write_text(f"step,kl,reward\n2,{kl[0]!r},0.97\n")
     (tmp_path / "b.csv").write_text(f"step,kl,reward\n2,{kl[1]!r},0.97\n")
     (tmp_path / "c.csv").write_text(f"step,kl,reward\n2,{kl[0]!r},0.9701\n")  # reward: relative rule
     csv_a, csv_b, csv_c = (tmp_path / f"{n}.csv" for n in "abc")
-    assert vf.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == vf.CROSS_HARDWARE
-    assert vf.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == vf.FAILING
+    assert compare.compare_file("p.csv", csv_a, csv_b, vp, None, True)[0].status == compare.CROSS_HARDWARE
+    assert compare.compare_file("p.csv", csv_a, csv_c, vp, None, True)[0].status == compare.FAILING
 
 
 # --- no remote: rebuilt from data/raw -----------------------------------------------------
@@ -360,21 +383,27 @@ def test_cached_outputs_compare_by_the_committed_lock_md5(tmp_path, vp):
     (tmp_path / "data/eval/b").mkdir(parents=True)
     (tmp_path / "data/eval/b/timings.parquet").write_bytes(b"t")
     stages, in_git = ["admit@b", "train@b", "eval@b"], {"metrics/train/b.json"}
-    rows = {r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp)}
+    rows = {
+        r.artifact: r for r in compare.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp)
+    }
     assert set(rows) == {"data/admitted/b", "models/adapters/b", "data/eval/b"}  # in git: compared by file
-    assert {r.by for r in rows.values()} == {vf.BY_LOCK}
-    assert rows["data/admitted/b"].status == "match" and rows["models/adapters/b"].status == vf.FAILING
+    assert {r.by for r in rows.values()} == {compare.BY_LOCK}
+    assert rows["data/admitted/b"].status == "match" and rows["models/adapters/b"].status == compare.FAILING
     assert (rows["data/eval/b"].kind, rows["data/eval/b"].status) == ("timing", "expected")  # holds timings
     cross = {
-        r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
+        r.artifact: r
+        for r in compare.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
     }
-    assert cross["models/adapters/b"].status == vf.CROSS_HARDWARE
+    assert cross["models/adapters/b"].status == compare.CROSS_HARDWARE
     reproduced["eval@b"]["outs"][0]["nfiles"] = 2
     reproduced["admit@b"]["outs"][0]["md5"] = "d2.dir"  # data is not float-made: fails on any hardware
     cross = {
-        r.artifact: r for r in vf.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
+        r.artifact: r
+        for r in compare.compare_lock_outs(committed, reproduced, stages, in_git, tmp_path, vp, True)
     }
-    assert cross["data/eval/b"].status == vf.FAILING and cross["data/admitted/b"].status == vf.FAILING
+    assert (
+        cross["data/eval/b"].status == compare.FAILING and cross["data/admitted/b"].status == compare.FAILING
+    )
 
 
 def test_without_a_remote_only_missing_cached_outputs_are_explained():
@@ -383,12 +412,12 @@ def test_without_a_remote_only_missing_cached_outputs_are_explained():
         "assetize@b": [{"changed outs": {"data/assets/b": "not in cache"}}],
         "train@b": [{"changed deps": {"models/base": "deleted"}}],
     }
-    assert vf.unexpected_status(status, cached) == {}
+    assert checkout.unexpected_status(status, cached) == {}
     status["gate@b"] = [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"]
     status["assetize@b"].append(
         {"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}
     )
-    assert vf.unexpected_status(status, cached) == {
+    assert checkout.unexpected_status(status, cached) == {
         "gate@b": [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"],
         "assetize@b": [{"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}],
     }
@@ -398,11 +427,11 @@ def test_a_workspace_without_a_default_remote_has_none(tmp_path):
     for d in ("ws/.dvc", "clone/.dvc"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "ws/.dvc/config").write_text("[core]\n    analytics = false\n")
-    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") is None
+    assert checkout.configure_remote(tmp_path / "ws", tmp_path / "clone") is None
     (tmp_path / "ws/.dvc/config").write_text(
         "[core]\n    remote = r\n['remote \"r\"']\n    url = /somewhere\n"
     )
-    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") == "r"
+    assert checkout.configure_remote(tmp_path / "ws", tmp_path / "clone") == "r"
     assert "remote = r" in (tmp_path / "clone/.dvc/config.local").read_text()
 
 
@@ -418,7 +447,7 @@ def test_an_s3_remote_reaches_the_checkout_with_its_endpoint_and_local_credentia
     (tmp_path / "ws/.dvc/config.local").write_text(
         "['remote \"storage\"']\n    access_key_id = AKID\n    secret_access_key = SECRET\n"
     )
-    assert vf.configure_remote(tmp_path / "ws", tmp_path / "clone") == "storage"
+    assert checkout.configure_remote(tmp_path / "ws", tmp_path / "clone") == "storage"
     local = (tmp_path / "clone/.dvc/config.local").read_text()
     for line in (
         "remote = storage",
@@ -471,7 +500,11 @@ def test_tracked_outputs_are_the_outputs_git_has(tmp_path):
         subprocess.run(["git", *args], cwd=tmp_path, env=env, check=True)
     (tmp_path / "models/adapters/b").mkdir(parents=True)  # a DVC-cached output: never in git
     paths = ["metrics/train/b.json", "reports/gate/b", "models/adapters/b", "reports/gate"]
-    assert vf.tracked_outputs(tmp_path, paths) == {"metrics/train/b.json", "reports/gate/b", "reports/gate"}
+    assert checkout.tracked_outputs(tmp_path, paths) == {
+        "metrics/train/b.json",
+        "reports/gate/b",
+        "reports/gate",
+    }
 
 
 # --- with a remote: the production incumbent ---------------------------------------------
@@ -510,7 +543,7 @@ def _incumbent_repo(base) -> tuple:
     git(repo, "init", "-q", "-b", "main")
     for k, v in {"user.email": "t@clap.invalid", "user.name": "clap test", "commit.gpgsign": "false"}.items():
         git(repo, "config", k, v)
-    run(repo, vf.sys.executable, "-m", "dvc", "init", "-q")
+    run(repo, sys.executable, "-m", "dvc", "init", "-q")
     (repo / ".dvc" / "config").write_text(
         f"[core]\n    analytics = false\n    remote = local\n[cache]\n    type = copy\n"
         f"['remote \"local\"']\n    url = {remote}\n"
@@ -547,7 +580,7 @@ def _incumbent_repo(base) -> tuple:
     io.write_json(repo / "releases" / "production.json", {"batch": batches[0]})  # released: eval re-runs
     commit_all(repo, "release")
     repro(repo)
-    run(repo, vf.sys.executable, "-m", "dvc", "push", "-q")
+    run(repo, sys.executable, "-m", "dvc", "push", "-q")
     return repo, batches
 
 
@@ -580,14 +613,14 @@ def test_after_a_pull_only_the_outputs_of_stages_not_pulled_may_be_missing(tmp_p
         "admit@b": {"outs": [{"path": "data/admitted/b"}]},
         "train@b": {"outs": [{"path": "models/adapters/b"}]},
     }
-    monkeypatch.setattr(vf, "tracked_outputs", lambda clone, paths: {"metrics/admit/a.json"})
-    absent = vf.not_pulled(tmp_path, lock, ["train@a", "data/raw/b.dvc", "admit@b", "train@b"])
+    monkeypatch.setattr(checkout, "tracked_outputs", lambda clone, paths: {"metrics/admit/a.json"})
+    absent = checkout.not_pulled(tmp_path, lock, ["train@a", "data/raw/b.dvc", "admit@b", "train@b"])
     assert absent == {"data/admitted/a"}  # not models/adapters/a (pulled), not metrics/admit/a.json (git)
     status = {"train@a": [{"changed deps": {"data/admitted/a": "deleted"}}]}
-    monkeypatch.setattr(vf, "dvc_status", lambda clone, stages: status)
-    vf.require_clean_status(tmp_path, ["train@a"], absent)  # the incumbent's own input: never read
+    monkeypatch.setattr(checkout, "dvc_status", lambda clone, stages: status)
+    checkout.require_clean_status(tmp_path, ["train@a"], absent)  # the incumbent's own input: never read
     with pytest.raises(ClapError, match="lock_mismatch"):
-        vf.require_clean_status(tmp_path, ["train@a"])  # nothing declared absent: strict
+        checkout.require_clean_status(tmp_path, ["train@a"])  # nothing declared absent: strict
     for bad in (
         {"train@a": [{"changed outs": {"models/adapters/a": "not in cache"}}]},  # pulled: must be there
         {"train@a": [{"changed deps": {"data/admitted/a": "modified"}}]},  # present and different
@@ -596,5 +629,5 @@ def test_after_a_pull_only_the_outputs_of_stages_not_pulled_may_be_missing(tmp_p
     ):
         status = bad
         with pytest.raises(ClapError) as e:
-            vf.require_clean_status(tmp_path, ["train@a"], absent)
+            checkout.require_clean_status(tmp_path, ["train@a"], absent)
         assert e.value.rule == "lock_mismatch" and json.dumps(bad["train@a"][0])[:20] in str(e.value)
