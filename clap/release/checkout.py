@@ -197,7 +197,13 @@ def unexpected_status(status: Mapping[str, Any], cached: set[str]) -> dict[str, 
     """Of a ``dvc status --json``, what the missing DVC cache does not explain: anything but a
     DVC-cached output (``cached``: without a remote, the locked outputs git does not track; after
     a pull, those of the stages not pulled) that is missing (``not in cache``, ``deleted``), as an
-    out or as another stage's dep."""
+    out or as another stage's dep. A dep that is the folder of such outputs (admit's ``data/normalized``,
+    every batch's normalize output) is explained the same way: it is missing because they are."""
+
+    def explained(path: str, change: str) -> bool:
+        held = path in cached or any(c.startswith(path.rstrip("/") + "/") for c in cached)
+        return held and change in ("not in cache", "deleted")
+
     problems: dict[str, Any] = {}
     for stage, entries in status.items():
         for entry in entries:
@@ -208,9 +214,7 @@ def unexpected_status(status: Mapping[str, Any], cached: set[str]) -> dict[str, 
                 if not isinstance(changes, dict):
                     problems.setdefault(stage, []).append({part: changes})
                     continue
-                bad = {
-                    p: c for p, c in changes.items() if not (p in cached and c in ("not in cache", "deleted"))
-                }
+                bad = {p: c for p, c in changes.items() if not explained(p, c)}
                 if bad:
                     problems.setdefault(stage, []).append({part: bad})
     return problems

@@ -407,12 +407,16 @@ def test_cached_outputs_compare_by_the_committed_lock_md5(tmp_path, vp):
 
 
 def test_without_a_remote_only_missing_cached_outputs_are_explained():
-    cached = {"data/assets/b", "models/base"}
+    cached = {"data/assets/b", "models/base", "data/normalized/a", "data/normalized/b"}
     status = {
         "assetize@b": [{"changed outs": {"data/assets/b": "not in cache"}}],
         "train@b": [{"changed deps": {"models/base": "deleted"}}],
+        # admit's dep on the folder of every batch's normalize output: missing because they are
+        "admit@b": [{"changed deps": {"data/normalized": "deleted"}}],
     }
     assert checkout.unexpected_status(status, cached) == {}
+    # a folder none of whose missing contents is a cached output is not explained
+    assert checkout.unexpected_status({"x@b": [{"changed deps": {"data/norm": "deleted"}}]}, cached) != {}
     status["gate@b"] = [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"]
     status["assetize@b"].append(
         {"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}
