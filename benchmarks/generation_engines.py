@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eval_speed import raw_chats, raw_items  # noqa: E402
-from machine import machine  # noqa: E402
+from machine import header, machine  # noqa: E402
 
 from clap.chain.grounding import Constrainer, answer_space  # noqa: E402
 from clap.data.normalize import normalize_params  # noqa: E402
@@ -131,8 +131,15 @@ def main(argv=None) -> dict:
     build_s = (time.perf_counter() - start) / len(PRECISIONS)
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     tmp = Path(tempfile.mkdtemp(prefix="genai-"))
+    genai_skipped = {}
     for precision in PRECISIONS:
-        if _genai(torch_model, tok, args.base, precision, args.threads, tmp) is not None:
+        try:
+            pipe = _genai(torch_model, tok, args.base, precision, args.threads, tmp)
+        except Exception as e:  # noqa: BLE001 - GenAI cannot take this model or tokenizer: say so, run the rest
+            genai_skipped[precision] = f"{type(e).__name__}: {e}"[:300]
+            print(f"genai-{precision} skipped: {genai_skipped[precision]}", flush=True)
+            continue
+        if pipe is not None:
             # a fresh pipeline for every run (built outside the timing): GenAI caches the keys and values of
             # the prompts it has seen (prefix caching), so a second run over the same prompts skips their
             # prefill (measured: time to first token 9.6 s -> 1.0 s), which no eval or replay run would get
@@ -200,10 +207,13 @@ def main(argv=None) -> dict:
                 print(f"rep {rep} {mode:11s} {name:20s} {wall:7.2f} s", flush=True)
     result = {
         "benchmark": "generation_engines",
+        **header([sys.argv[0], *(argv or sys.argv[1:])]),
         "machine": machine(),
         "threads": args.threads,
         "allocator": allocator,
-        "model": "models/base" + (f" + {args.adapter}" if args.adapter else ""),
+        "model": str(args.base.relative_to(ROOT) if args.base.is_relative_to(ROOT) else args.base)
+        + (f" + {args.adapter}" if args.adapter else ""),
+        "genai_skipped": genai_skipped,
         "batch": args.batch,
         "items": args.items,
         "latency_items": args.latency_items,
