@@ -127,13 +127,15 @@ def outs(lock: Mapping[str, Any], stage: str) -> list[str]:
 
 
 def inputs_to_pull(lock: Mapping[str, Any], rerun: Sequence[str], checkout_dir: Path) -> list[str]:
-    """Locked stages outside ``rerun`` whose outputs the re-run reads: declared deps, plus the
+    """Locked stages outside ``rerun`` whose outputs the re-run reads: declared deps (a dep that is
+    the folder of other stages' outputs, admit's ``data/normalized``, needs each of them), plus the
     production incumbent's adapter (eval reads it through releases/production.json), plus the
     ``.dvc`` files of deps that are DVC-tracked data (a user's ``dvc add data/raw/<batch>``;
     the committed demo batches are in git and need no pull)."""
     owner = {path: name for name in lock for path in outs(lock, name)}
     deps = {d["path"] for s in rerun for d in lock[s].get("deps", [])}
     needed = {owner[d] for d in deps if d in owner}
+    needed |= {name for d in deps for path, name in owner.items() if path.startswith(d.rstrip("/") + "/")}
     needed |= {f"{d}.dvc" for d in deps if d not in owner and (checkout_dir / f"{d}.dvc").is_file()}
     pointer = checkout_dir / "releases" / "production.json"
     if pointer.exists():
@@ -198,11 +200,15 @@ def unexpected_status(status: Mapping[str, Any], cached: set[str]) -> dict[str, 
     DVC-cached output (``cached``: without a remote, the locked outputs git does not track; after
     a pull, those of the stages not pulled) that is missing (``not in cache``, ``deleted``), as an
     out or as another stage's dep. A dep that is the folder of such outputs (admit's ``data/normalized``,
-    every batch's normalize output) is explained the same way: it is missing because they are."""
+    every batch's normalize output) is explained the same way: missing (``deleted``) when all of them
+    are, ``modified`` when some are (the outputs it holds that are present are their own stages' outs,
+    checked as such)."""
 
     def explained(path: str, change: str) -> bool:
-        held = path in cached or any(c.startswith(path.rstrip("/") + "/") for c in cached)
-        return held and change in ("not in cache", "deleted")
+        if path in cached:
+            return change in ("not in cache", "deleted")
+        holds = any(c.startswith(path.rstrip("/") + "/") for c in cached)
+        return holds and change in ("not in cache", "deleted", "modified")
 
     problems: dict[str, Any] = {}
     for stage, entries in status.items():

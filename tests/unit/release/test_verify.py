@@ -165,6 +165,12 @@ def test_inputs_to_pull_are_upstream_stages_outside_the_rerun(tmp_path):
     }
     io.write_json(tmp_path / "releases/production.json", {"batch": "a"})
     assert checkout.inputs_to_pull(lock, ["admit@b", "train@b"], tmp_path) == ["base", "train@a"]
+    # admit reads every earlier batch's training pool: a dep on the folder of the normalize outputs
+    lock["normalize@a"] = {"outs": [{"path": "data/normalized/a"}]}
+    lock["normalize@b"] = {"outs": [{"path": "data/normalized/b"}]}
+    lock["admit@b"]["deps"] = [{"path": "data/normalized/b"}, {"path": "data/normalized"}]
+    assert checkout.inputs_to_pull(lock, ["admit@b"], tmp_path) == ["normalize@a", "normalize@b", "train@a"]
+    del lock["admit@b"]["deps"]
     # a user's batch is DVC-tracked data (data/raw/<b>.dvc): its .dvc file is pulled; a git-tracked one is not
     lock["assetize@b"] = {"deps": [{"path": "stages/assetize.py"}, {"path": "data/raw/b"}]}
     assert checkout.inputs_to_pull(lock, ["assetize@b"], tmp_path) == ["train@a"]
@@ -413,10 +419,13 @@ def test_without_a_remote_only_missing_cached_outputs_are_explained():
         "train@b": [{"changed deps": {"models/base": "deleted"}}],
         # admit's dep on the folder of every batch's normalize output: missing because they are
         "admit@b": [{"changed deps": {"data/normalized": "deleted"}}],
+        "admit@c": [{"changed deps": {"data/normalized": "modified"}}],  # some of them pulled
     }
     assert checkout.unexpected_status(status, cached) == {}
     # a folder none of whose missing contents is a cached output is not explained
     assert checkout.unexpected_status({"x@b": [{"changed deps": {"data/norm": "deleted"}}]}, cached) != {}
+    # a cached output itself that is modified (not missing) is never explained
+    assert checkout.unexpected_status({"x@b": [{"changed deps": {"models/base": "modified"}}]}, cached) != {}
     status["gate@b"] = [{"changed deps": {"metrics/train/b.json": "modified"}}, "changed command"]
     status["assetize@b"].append(
         {"changed deps": {"data/raw/b": "deleted", "params.yaml": {"assetize": "modified"}}}
