@@ -517,6 +517,7 @@ def taught_base(tiny_base, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow  # teaches a base, then two 24-step runs of 8 rows: ~1-2 min on 2 cores
+@pytest.mark.heavy  # make test-heavy (CI runs it after make test): the fast tier's time went to the families
 @pytest.mark.parametrize("relabel", [False, True], ids=["clean", "relabelled"])
 def test_detector_alarms_on_relabelled_run_only(taught_base, tmp_path, relabel):
     # each check pairs a training batch of 8 with a probe draw of 2 (the tiny model's per-item losses
